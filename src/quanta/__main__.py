@@ -1,0 +1,5 @@
+import sys
+
+from quanta.cli.main import main
+
+sys.exit(main())
