@@ -56,6 +56,14 @@ class QuantFormat:
         """View raw bytes as an array of blocks (structured dtype), zero-copy."""
         return np.ascontiguousarray(raw).reshape(-1).view(self.block_dtype)
 
+    def pack(self, **fields: np.ndarray) -> np.ndarray:
+        """Assemble blocks from one array per field, each ``(n_blocks, count)`` (the inverse of ``blocks``)."""
+        n = next(iter(fields.values())).shape[0]
+        out = np.empty(n, dtype=self.block_dtype)
+        for f in self.fields:
+            out[f.name] = fields[f.name].reshape(n, f.count)
+        return out
+
 
 def _fmt(name: str, *fields: tuple[str, str, int]) -> QuantFormat:
     t = ggml_type(name)
