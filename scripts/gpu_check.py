@@ -1,0 +1,373 @@
+"""One run on the GPU machine: kernel checks, GPU-vs-CPU-exact token and logit comparisons, CUDA-graph vs eager,
+and the batch-1 benchmarks (decode at depth 0 and 1024, prefill-512, time to first token), with the card's
+measured read bandwidth for the roofline. Full log in $OUT/gpu_check.log, numbers in $OUT/gpu_check.json; the
+summary table is printed last.
+
+Usage (repo root, on the GPU machine): PYTHONPATH=src python3 scripts/gpu_check.py [--quick] [--only NAME,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+OUT = Path(os.environ.get("OUT", "gpu_out"))
+OUT.mkdir(parents=True, exist_ok=True)
+WORK = Path(os.environ.get("GPU_CHECK_WORK", "/tmp/quanta_gpu"))
+WORK.mkdir(parents=True, exist_ok=True)
+LOG = open(OUT / "gpu_check.log", "a")
+RESULTS: dict = {}
+SUMMARY: list[str] = []
+
+
+def say(*a: object) -> None:
+    msg = " ".join(str(x) for x in a)
+    print(msg, flush=True)
+    print(msg, file=LOG, flush=True)
+
+
+def section(name: str):
+    def deco(fn):
+        def run(*a, **k):
+            t = time.perf_counter()
+            say(f"== {name}")
+            try:
+                return fn(*a, **k)
+            except Exception:
+                say(traceback.format_exc())
+                SUMMARY.append(f"{name}: FAILED (see log)")
+            finally:
+                say(f"-- {name}: {time.perf_counter() - t:.1f}s")
+                (OUT / "gpu_check.json").write_text(json.dumps({**RESULTS, "summary": SUMMARY}, indent=1, default=str))
+        return run
+    return deco
+
+
+def cuda_time(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median seconds of ``fn`` by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return float(np.median(times))
+
+
+@section("bandwidth")
+def bandwidth() -> float:
+    x = torch.rand((4 << 30) // 4, device="cuda")
+    t = cuda_time(lambda: x.sum(), reps=10)
+    bw = x.numel() * 4 / t
+    del x
+    torch.cuda.empty_cache()
+    RESULTS["bandwidth_GBs"] = bw / 1e9
+    SUMMARY.append(f"read bandwidth (4 GiB fp32 sum): {bw / 1e12:.2f} TB/s")
+    return bw
+
+
+def random_raw(t: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    from quanta.quant.formats import FORMATS
+
+    fmt = FORMATS[t]
+    if t in ("F32", "F16", "BF16"):
+        x = rng.standard_normal(n * k).astype(np.float32)
+        if t == "F32":
+            return x.view(np.uint8)
+        if t == "F16":
+            return x.astype(np.float16).view(np.uint8)
+        return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    nb = n * k // fmt.block_size
+    raw = rng.integers(0, 256, size=(nb, fmt.type_size), dtype=np.uint8)
+    for f in fmt.fields:
+        if f.dtype == "<f2" and f.count == 1:
+            o = fmt.offset(f.name)
+            raw[:, o:o + 2] = (rng.uniform(-1, 1, nb) * 0.01).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return raw.reshape(-1)
+
+
+@section("kernels vs torch float64 on the GPU")
+def kernel_checks() -> None:
+    from quanta.backends.cuda.qmatmul import qmatmul
+    from quanta.backends.cuda.repack import dequantize_packed, repack
+    from quanta.backends.cuda.embed import embed
+
+    rng = np.random.default_rng(0)
+    worst = {}
+    for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"):
+        n, k = 1000, 2304
+        w = repack(torch.from_numpy(random_raw(t, n, k, rng)).cuda(), t, (n, k))
+        wd = dequantize_packed(w).double()
+        for m in (1, 3, 77, 300):
+            x = torch.randn(m, k, device="cuda")
+            res = torch.randn(m, n, device="cuda")
+            ref = x.double() @ wd.T + res.double()
+            for exact in (False, True):
+                if m <= 4 and exact:
+                    continue
+                y = torch.full((m, n), float("nan"), device="cuda")
+                qmatmul(x, w, out=y, residual=res, exact=exact)
+                err = ((y.double() - ref).norm() / ref.norm()).item()
+                key = f"{t} m={m}{' ieee' if exact else ''}"
+                worst[key] = err
+        ids = torch.tensor([0, 999, 17], dtype=torch.int32, device="cuda")
+        e = embed(w, ids)
+        worst[f"{t} embed"] = ((e.double() - wd[ids.long()]).abs().max() / wd.abs().max()).item()
+    bad = {k: v for k, v in worst.items() if not (v < (2e-3 if ("m=77" in k or "m=300" in k) and "ieee" not in k
+                                                       else 1e-5))}
+    for k, v in worst.items():
+        say(f"  {k:22s} rel err {v:.2e}")
+    RESULTS["kernel_errors"] = worst
+    SUMMARY.append(f"qmatmul/embed, 13 formats on GPU: {'all within tolerance' if not bad else 'BAD: ' + str(bad)}")
+
+
+def synth(preset: str, ftype: str) -> Path:
+    from quanta.synth import get_preset, synthesize
+
+    path = WORK / f"{preset}-{ftype}.gguf"
+    if not path.exists():
+        t = time.perf_counter()
+        synthesize(get_preset(preset), path, ftype, progress=False)
+        say(f"  synth {preset} {ftype}: {path.stat().st_size / 1e6:.0f} MB in {time.perf_counter() - t:.1f}s")
+    return path
+
+
+def tiny_models() -> list[tuple[str, Path]]:
+    sys.path.insert(0, "tests/backends/cuda")
+    from tiny_models import write_tiny_model
+
+    mixed = {"attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "ffn_gate": "Q4_0", "ffn_up": "Q5_1",
+             "ffn_down": "Q4_1", "attn_output": "Q5_0"}
+    out = []
+    for arch, types in (("llama", mixed), ("qwen2", {"token_embd": "Q8_0"}), ("gemma3", {"token_embd": "F16"})):
+        p = write_tiny_model(WORK / f"tiny-{arch}.gguf", arch, types=types, d_model=256, d_ff=512, vocab=512,
+                             n_layers=3)
+        out.append((f"tiny-{arch}", p))
+    return out
+
+
+def greedy(be, model, cache, prompt: list[int], n: int) -> list[int]:
+    logits = be.forward(model, np.asarray(prompt, np.int32), 0, cache, all_logits=False)
+    tok, pos, out = be.argmax(logits[0]), len(prompt), []
+    for _ in range(n):
+        out.append(tok)
+        logits = be.forward(model, np.asarray([tok], np.int32), pos, cache, all_logits=False)
+        tok = be.argmax(logits[0])
+        pos += 1
+    return out
+
+
+def teacher_forced(be, model, cache, ids: list[int]) -> np.ndarray:
+    return be.to_host(be.forward(model, np.asarray(ids, np.int32), 0, cache, all_logits=True)).copy()
+
+
+def ppl(logits: np.ndarray, ids: list[int]) -> float:
+    lg = logits[:-1].astype(np.float64)
+    lse = np.log(np.exp(lg - lg.max(1, keepdims=True)).sum(1)) + lg.max(1)
+    return float(np.exp(np.mean(lse - lg[np.arange(len(ids) - 1), ids[1:]])))
+
+
+@section("GPU vs CPU exact: greedy tokens, teacher-forced logits, graph vs eager")
+def compare(models: list[tuple[str, Path]], n_tokens: int = 32) -> None:
+    from quanta import gguf
+    from quanta.backends.cpu.backend import CPUBackend
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.models import load_model
+
+    rows = []
+    for name, path in models:
+        t0 = time.perf_counter()
+        g = gguf.open(path)
+        rng = np.random.default_rng(1)
+        vocab = g.tensors["token_embd.weight"].shape[0]
+        prompts = [list(rng.integers(5, min(vocab, 30000), size=L)) for L in (7, 16)]
+        text = list(rng.integers(5, min(vocab, 30000), size=64))
+        res = {}
+        for label, be in (("cpu", CPUBackend(exact=True)), ("cuda", CUDABackend("cuda", exact=True)),
+                          ("cuda-eager", CUDABackend("cuda", exact=True, graphs=False))):
+            model = load_model(g, be, 256)
+            toks = []
+            for p in prompts:
+                cache = be.kv_cache(model.kv_shape())
+                toks.append(greedy(be, model, cache, [int(x) for x in p], n_tokens))
+            lg = None
+            if label != "cuda-eager":
+                cache = be.kv_cache(model.kv_shape())
+                lg = teacher_forced(be, model, cache, [int(x) for x in text])
+            res[label] = (toks, lg)
+            del model
+        cpu, gpu, eager = res["cpu"], res["cuda"], res["cuda-eager"]
+        same = sum(a == b for a, b in zip(cpu[0], gpu[0]))
+        first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None) for a, b in zip(cpu[0], gpu[0])]
+        top1 = float(np.mean(cpu[1].argmax(1) == gpu[1].argmax(1)))
+        p_cpu, p_gpu = ppl(cpu[1], text), ppl(gpu[1], text)
+        maxdiff = float(np.abs(cpu[1] - gpu[1]).max())
+        graph_ok = gpu[0] == eager[0]
+        row = dict(model=name, prompts_equal=f"{same}/{len(prompts)}", first_diff=first_diff, top1=top1,
+                   ppl_cpu=p_cpu, ppl_gpu=p_gpu, ppl_rel=abs(p_gpu - p_cpu) / p_cpu, max_logit_diff=maxdiff,
+                   graph_equals_eager=graph_ok, seconds=time.perf_counter() - t0)
+        say("  ", json.dumps(row))
+        rows.append(row)
+        SUMMARY.append(f"{name:26s} tokens {same}/{len(prompts)} equal (first diff {first_diff}), top-1 {top1:.3f}, "
+                       f"ppl {p_cpu:.3f}/{p_gpu:.3f} ({100 * row['ppl_rel']:.3f}%), graph==eager {graph_ok}")
+        g.close()
+    RESULTS.setdefault("compare", []).extend(rows)
+
+
+@section("GEMV tile sweep (sets the config the benchmarks use)")
+def tune() -> None:
+    sys.path.insert(0, "scripts")
+    import gpu_tune
+
+    from quanta.backends.cuda import qmatmul
+
+    best = gpu_tune.gemv()
+    qmatmul.GEMV_CONFIG.update(best)
+    RESULTS["gemv_config"] = best
+    SUMMARY.append(f"GEMV config chosen by the sweep: {best}")
+
+
+def bytes_per_token(model) -> int:
+    total = 0
+    for layer in model.layers:
+        for m in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            total += getattr(layer, m).nbytes
+    return total + model.output.nbytes
+
+
+@section("benchmarks")
+def bench(models: list[tuple[str, Path]], bw: float, n_decode: int = 128) -> None:
+    from quanta import gguf
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.models import load_model
+
+    for name, path in models:
+        g = gguf.open(path)
+        be = CUDABackend("cuda")
+        t = time.perf_counter()
+        model = load_model(g, be, 2048)
+        torch.cuda.synchronize()
+        load_s = time.perf_counter() - t
+        cache = be.kv_cache(model.kv_shape())
+        nbytes = bytes_per_token(model)
+        rng = np.random.default_rng(0)
+        vocab = model.n_vocab
+
+        def decode_rate(depth: int) -> float:
+            prompt = rng.integers(5, min(vocab, 30000), size=max(depth, 8)).astype(np.int32)
+            logits = be.forward(model, prompt, 0, cache, all_logits=False)
+            tok, pos = be.argmax(logits[0]), len(prompt)
+            for _ in range(8):  # warm-up (graph capture at the first decode)
+                tok = be.argmax(be.forward(model, np.asarray([tok], np.int32), pos, cache, all_logits=False)[0])
+                pos += 1
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n_decode):
+                tok = be.argmax(be.forward(model, np.asarray([tok], np.int32), pos, cache, all_logits=False)[0])
+                pos += 1
+            return n_decode / (time.perf_counter() - t0)
+
+        d0 = decode_rate(0)
+        d1k = decode_rate(1024)
+        prompt512 = rng.integers(5, min(vocab, 30000), size=512).astype(np.int32)
+        pf = cuda_time(lambda: be.forward(model, prompt512, 0, cache, all_logits=False), reps=5, warmup=2)
+        roof = bw / nbytes
+        row = dict(model=name, bytes_per_token=nbytes, decode_tok_s=d0, decode_pct_roofline=100 * d0 / roof,
+                   decode_depth1024_tok_s=d1k, depth_ratio=d1k / d0, prefill512_tok_s=512 / pf, load_s=load_s)
+        # per-kernel breakdown of one eager decode step
+        try:
+            be.graphs = False
+            pos = 1100
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    be.forward(model, np.asarray([7], np.int32), pos, cache, all_logits=False)
+                torch.cuda.synchronize()
+            agg: dict[str, float] = {}
+            for ev in prof.key_averages():
+                if ev.device_time_total > 0:
+                    agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total / 5
+            tot = sum(agg.values())
+            row["kernel_us_per_token"] = {k: round(v, 1) for k, v in sorted(agg.items(), key=lambda kv: -kv[1])[:12]}
+            row["kernel_total_us"] = tot
+            be.graphs = True
+        except Exception as e:  # the profiler is a nice-to-have
+            row["kernel_breakdown_error"] = repr(e)
+        say("  ", json.dumps(row))
+        RESULTS.setdefault("bench", []).append(row)
+        SUMMARY.append(f"{name:26s} decode {d0:7.0f} tok/s ({row['decode_pct_roofline']:.1f}% of roofline, "
+                       f"{nbytes / 1e6:.0f} MB/token), @1024 {d1k:7.0f} ({100 * d1k / d0:.0f}%), "
+                       f"prefill-512 {512 / pf:8.0f} tok/s, load {load_s:.1f}s")
+        del model, cache, be
+        g.close()
+        torch.cuda.empty_cache()
+
+
+@section("time to first token (fresh process, LLM API)")
+def first_token(path: Path) -> None:
+    code = ("import time,sys; t=time.perf_counter(); from quanta import LLM; "
+            "llm=LLM(sys.argv[1], device='cuda', n_ctx=2048); "
+            "r=llm.generate([1,2,3,4,5,6,7,8], max_tokens=1, temperature=0.0, ignore_eos=True); "
+            "print('TTFT', time.perf_counter()-t)")
+    for label in ("cold (compiles kernels)", "warm (triton cache)"):
+        p = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": "src"}, timeout=300)
+        line = [x for x in p.stdout.splitlines() if x.startswith("TTFT")]
+        val = float(line[0].split()[1]) if line else float("nan")
+        if not line:
+            say(p.stdout[-2000:], p.stderr[-3000:])
+        RESULTS[f"ttft_{label.split()[0]}"] = val
+        SUMMARY.append(f"LLM(...) to first token, {path.stem}, {label}: {val:.2f}s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="kernels,tune,bench,compare,ttft,synthcompare")
+    ap.add_argument("--real", default="", help="a real GGUF to compare too (e.g. SmolLM2)")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    say(f"torch {torch.__version__}, triton {__import__('triton').__version__}, {torch.cuda.get_device_name()}")
+    bw = bandwidth() or 4.3e12
+    if "kernels" in only:
+        kernel_checks()
+    bench_models = []
+    if "bench" in only:
+        for preset, ft in (("tinyllama-1.1b", "Q4_K_M"), ("llama-3.2-1b", "Q4_K_M"), ("qwen2.5-1.5b", "Q4_0")):
+            bench_models.append((f"{preset} {ft}", synth(preset, ft)))
+    if "tune" in only:
+        tune()
+    if "bench" in only:
+        bench(bench_models, bw)
+    if "ttft" in only and bench_models:
+        first_token(bench_models[0][1])
+    if "compare" in only:
+        models = tiny_models()
+        if args.real:
+            models.append(("real-" + Path(args.real).stem, Path(args.real)))
+        for preset, ft in (("smollm2-135m", "Q4_1"), ("gemma3-270m", "Q4_K_M"), ("qwen2.5-0.5b", "Q8_0")):
+            models.append((f"{preset} {ft}", synth(preset, ft)))
+        compare(models)
+    if "synthcompare" in only:  # the big presets against the CPU exact mode (slow on the CPU side)
+        compare(bench_models or [(f"{p} {t}", synth(p, t)) for p, t in (("tinyllama-1.1b", "Q4_K_M"),)])
+    (OUT / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    say("\n==== SUMMARY ====")
+    for line in SUMMARY:
+        say(line)
+
+
+if __name__ == "__main__":
+    main()

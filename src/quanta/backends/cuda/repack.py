@@ -1,0 +1,192 @@
+"""Load-time repack of GGUF blocks into the planes the Triton kernels read.
+
+Every supported format is decoded (bit fields only, no float math) into one uniform description of a weight
+``(n, k)``::
+
+    w[r, c] = d[r, c // SB] * sc[r, c // G] * (q[r, c] - QOFF) - dmin[r, c // SB] * mn[r, c // G]
+
+with integer codes ``q``, a float16 super-block scale ``d`` (and ``dmin``), and small integer sub-scales ``sc``
+(and sub-mins ``mn``) per group of ``G`` weights. Formats without sub-scales (Q4_0 … Q8_0) have ``SB == G`` and no
+``sc``/``mn`` planes; Q4_1/Q5_1 store ``dmin = -m``. This keeps the GGUF numbers exactly (the fp32 products are
+formed in the kernel, as in gguf-py), but lays each plane out row-major so a program's loads are contiguous.
+
+Code planes (the repack's cost in bytes per weight, versus the GGUF block):
+  * 4-bit codes (Q4_0, Q4_1, Q4_K, Q3_K, Q2_K): two per byte; byte ``16*j + i`` of a row holds weight
+    ``32*j + i`` in its low nibble and ``32*j + 16 + i`` in its high nibble (Q4_0's own order).
+    Q4_0/Q4_1: same bytes as GGUF. Q4_K: 4.625 vs 4.5 bits (sub-scales widened to a byte each).
+    Q3_K: 4.5625 vs 3.4375 bits. Q2_K: 5.125 vs 2.625 bits.
+  * 8-bit codes (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0): one signed byte per weight.
+    Q8_0: 8.5 (same). Q5_0: 8.5 vs 5.5. Q5_1: 9 vs 6. Q5_K: 8.625 vs 5.5. Q6_K: 8.5625 vs 6.5625 bits.
+  * F32/F16/BF16 matrices stay as they are (``kind == "dense"``).
+The repack runs with torch ops on whatever device the raw bytes are on (on the GPU at load time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quanta.quant.formats import QuantFormat, get_format
+
+_BITS_4 = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K")
+
+
+@dataclass
+class PackedWeight:
+    """One matrix ``(n, k)`` in kernel planes (see the module docstring for the formula)."""
+
+    type: str
+    n: int
+    k: int
+    kind: str  # "q4", "q8" or "dense"
+    q: torch.Tensor  # uint8 (n, k/2) | int8 (n, k) | float (n, k)
+    d: torch.Tensor | None = None  # float16 (n, k/SB)
+    sc: torch.Tensor | None = None  # int8 (n, k/G)
+    dmin: torch.Tensor | None = None  # float16 (n, k/SB)
+    mn: torch.Tensor | None = None  # uint8 (n, k/G)
+    group: int = 32
+    super_block: int = 32
+    qoff: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        planes = (self.q, self.d, self.sc, self.dmin, self.mn)
+        return sum(p.numel() * p.element_size() for p in planes if p is not None)
+
+
+def _field(blocks: torch.Tensor, fmt: QuantFormat, name: str) -> torch.Tensor:
+    """The bytes of one field of every block: (n_blocks, field bytes) uint8."""
+    f = next(f for f in fmt.fields if f.name == name)
+    size = torch.empty((), dtype=_TORCH[f.dtype]).element_size() * f.count
+    off = fmt.offset(name)
+    return blocks[:, off:off + size]
+
+
+_TORCH = {"<f2": torch.float16, "<f4": torch.float32, "<u2": torch.int16, "u1": torch.uint8, "i1": torch.int8}
+
+
+def _f16(blocks: torch.Tensor, fmt: QuantFormat, name: str) -> torch.Tensor:
+    return _field(blocks, fmt, name).contiguous().view(torch.float16).reshape(-1)
+
+
+def _shift(x: torch.Tensor, shifts: list[int], axis: int, mask: int) -> torch.Tensor:
+    """``(x >> s) & mask`` for each shift, stacked on a new axis at ``axis`` (uint8)."""
+    parts = [(x >> s) & mask for s in shifts]
+    return torch.stack(parts, dim=axis)
+
+
+def _k4_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K: 8 six-bit scales and mins from 12 bytes (llama.cpp get_scale_min_k4)."""
+    d, m, md = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=1)
+    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
+    return sc, mn
+
+
+def _bits_of(packed: torch.Tensor) -> torch.Tensor:
+    """(nb, m) bytes → (nb, 8, m): bit j of byte i at [:, j, i]."""
+    return _shift(packed, list(range(8)), 1, 1)
+
+
+def _decode(t: str, blocks: torch.Tensor, fmt: QuantFormat) -> dict:
+    """Integer codes (nb, block_size) and per-block scale fields of one format."""
+    nb = blocks.shape[0]
+    if t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+        qs = _field(blocks, fmt, "qs")
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=1)
+        if t.startswith("Q5"):
+            # a little-endian 32-bit mask: bit b of byte i is weight 8*i + b
+            qh = _bits_of(_field(blocks, fmt, "qh")).transpose(1, 2).reshape(nb, 32)
+            q = q | (qh << 4)
+        out = {"q": q, "d": _f16(blocks, fmt, "d"), "G": 32, "SB": 32}
+        if t in ("Q4_0", "Q5_0"):
+            out["qoff"] = 8 if t == "Q4_0" else 16
+        else:
+            out["dmin"] = -_f16(blocks, fmt, "m")
+        return out
+    if t == "Q8_0":
+        return {"q": _field(blocks, fmt, "qs").view(torch.int8), "d": _f16(blocks, fmt, "d"), "G": 32, "SB": 32}
+    if t == "Q2_K":
+        scales = _field(blocks, fmt, "scales")
+        q = _shift(_field(blocks, fmt, "qs").reshape(nb, 2, 32), [0, 2, 4, 6], 2, 3).reshape(nb, 256)
+        return {"q": q, "d": _f16(blocks, fmt, "d"), "dmin": _f16(blocks, fmt, "dmin"),
+                "sc": scales & 0x0F, "mn": scales >> 4, "G": 16, "SB": 256}
+    if t == "Q3_K":
+        s = _field(blocks, fmt, "scales")
+        lo = _shift(s[:, 0:8], [0, 4], 1, 0x0F).reshape(nb, 16)
+        hi = _shift(s[:, 8:12], [0, 2, 4, 6], 1, 0x03).reshape(nb, 16)
+        sc = ((lo | (hi << 4)).to(torch.int16) - 32).to(torch.int8)
+        ql = _shift(_field(blocks, fmt, "qs").reshape(nb, 2, 32), [0, 2, 4, 6], 2, 3).reshape(nb, 256)
+        hbit = _bits_of(_field(blocks, fmt, "hmask")).reshape(nb, 256)
+        return {"q": ql | (hbit << 2), "d": _f16(blocks, fmt, "d"), "sc": sc, "qoff": 4, "G": 16, "SB": 256}
+    if t in ("Q4_K", "Q5_K"):
+        sc, mn = _k4_scales_mins(_field(blocks, fmt, "scales"))
+        q = _shift(_field(blocks, fmt, "qs").reshape(nb, 4, 32), [0, 4], 2, 0x0F).reshape(nb, 256)
+        if t == "Q5_K":
+            q = q | (_bits_of(_field(blocks, fmt, "qh")).reshape(nb, 256) << 4)
+        return {"q": q, "d": _f16(blocks, fmt, "d"), "dmin": _f16(blocks, fmt, "dmin"),
+                "sc": sc.to(torch.int8), "mn": mn, "G": 32, "SB": 256}
+    if t == "Q6_K":
+        ql = _shift(_field(blocks, fmt, "ql").reshape(nb, 2, 64), [0, 4], 2, 0x0F).reshape(nb, 256)
+        qh = _shift(_field(blocks, fmt, "qh").reshape(nb, 2, 32), [0, 2, 4, 6], 2, 0x03).reshape(nb, 256)
+        q = ((ql | (qh << 4)).to(torch.int16) - 32).to(torch.int8)
+        return {"q": q, "d": _f16(blocks, fmt, "d"), "sc": _field(blocks, fmt, "scales").view(torch.int8),
+                "G": 16, "SB": 256}
+    raise AssertionError(t)
+
+
+def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """(n, k) codes 0..15 → (n, k/2) bytes in the 32-weight chunk order of the module docstring."""
+    n, k = q.shape
+    q = q.reshape(n, k // 32, 2, 16)
+    return (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
+
+
+def repack(raw: torch.Tensor, type_name: str, shape: tuple[int, int], tensor_name: str = "") -> PackedWeight:
+    """GGUF bytes of an ``(n, k)`` matrix (uint8, any device) → :class:`PackedWeight` on the same device."""
+    fmt = get_format(type_name, tensor_name)
+    n, k = int(shape[0]), int(shape[1])
+    raw = raw.reshape(-1)
+    if type_name in ("F32", "F16", "BF16"):
+        dt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[type_name]
+        return PackedWeight(type_name, n, k, "dense", raw.view(dt).reshape(n, k).contiguous())
+    if k % 32:
+        raise ValueError(f"tensor {tensor_name}: row length {k} is not a multiple of 32")
+    blocks = raw.reshape(-1, fmt.type_size)
+    f = _decode(type_name, blocks, fmt)
+    g, sb = f["G"], f["SB"]
+    q = f["q"].reshape(n, k)
+    bits4 = type_name in _BITS_4
+    packed = _pack_nibbles(q) if bits4 else q.to(torch.int8).contiguous()
+
+    def plane(x: torch.Tensor | None, per: int) -> torch.Tensor | None:
+        return None if x is None else x.reshape(n, k // per).contiguous()
+
+    return PackedWeight(type_name, n, k, "q4" if bits4 else "q8", packed,
+                        d=plane(f["d"], sb), sc=plane(f.get("sc"), g), dmin=plane(f.get("dmin"), sb),
+                        mn=plane(f.get("mn"), g), group=g, super_block=sb, qoff=f.get("qoff", 0))
+
+
+def dequantize_packed(w: PackedWeight) -> torch.Tensor:
+    """The float32 weights (n, k) of a packed matrix, with torch ops (for tests and the embedding oracle)."""
+    if w.kind == "dense":
+        return w.q.float()
+    n, k = w.n, w.k
+    if w.kind == "q4":
+        b = w.q.reshape(n, k // 32, 16)
+        q = torch.stack([b & 0x0F, b >> 4], dim=2).reshape(n, k).float()
+    else:
+        q = w.q.float()
+    q = (q - w.qoff).reshape(n, k // w.group, w.group)
+    per = w.super_block // w.group
+    scale = w.d.float().repeat_interleave(per, dim=1)
+    if w.sc is not None:
+        scale = scale * w.sc.float()
+    out = q * scale[:, :, None]
+    if w.dmin is not None:
+        mn = w.dmin.float().repeat_interleave(per, dim=1)
+        if w.mn is not None:
+            mn = mn * w.mn.float()
+        out = out - mn[:, :, None]
+    return out.reshape(n, k)

@@ -1,0 +1,72 @@
+"""RMSNorm (with and without the fused residual add), RoPE (both pair layouts), gated activations, the in-place
+elementwise ops and the device argmax, against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from quanta.backends.cuda import activation, norm, rope
+from quanta.backends.cuda.sampling import Argmax
+
+
+def _t(a: np.ndarray, device: str) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device)
+
+
+def test_rms_norm_and_fused_residual(device: str) -> None:
+    rng = np.random.default_rng(0)
+    x, r, w = rng.standard_normal((3, 100)), rng.standard_normal((3, 100)), rng.standard_normal(100)
+
+    def ref(a):
+        return a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-5) * w
+
+    got = norm.rms_norm(_t(x, device), _t(w, device), 1e-5).cpu().numpy()
+    np.testing.assert_allclose(got, ref(x), rtol=1e-5, atol=1e-5)
+    xt = _t(x, device)
+    got = norm.rms_norm(xt, _t(w, device), 1e-5, residual=_t(r, device)).cpu().numpy()
+    np.testing.assert_allclose(xt.cpu().numpy(), x + r, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, ref(x + r), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_rotates_pairs(neox: bool, device: str) -> None:
+    rng = np.random.default_rng(1)
+    n, h, hd, rot = 3, 5, 16, 12  # only the first `rot` dims rotate
+    x = rng.standard_normal((n, h, hd)).astype(np.float32)
+    pos = np.array([0, 7, 31], np.int32)
+    inv_freq = (1.0 / 10000 ** (np.arange(0, rot, 2) / rot)).astype(np.float32)
+    ang = pos[:, None].astype(np.float64) * inv_freq[None, :]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    want = x.astype(np.float64).copy()
+    half = rot // 2
+    ia, ib = (np.arange(half), np.arange(half) + half) if neox else (np.arange(0, rot, 2), np.arange(1, rot, 2))
+    a, b = x[:, :, ia], x[:, :, ib]
+    want[:, :, ia], want[:, :, ib] = a * c - b * s, a * s + b * c
+    xt = _t(x, device)
+    rope.rope(xt, torch.from_numpy(pos).to(device), rope.rope_table(inv_freq, 32, torch.device(device)), neox)
+    np.testing.assert_allclose(xt.cpu().numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_gated_activations_and_inplace_ops(device: str) -> None:
+    rng = np.random.default_rng(2)
+    g, u = rng.standard_normal((4, 300)) * 4, rng.standard_normal((4, 300))
+    silu = g / (1 + np.exp(-g)) * u
+    gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * u
+    np.testing.assert_allclose(activation.silu_mul(_t(g, device), _t(u, device)).cpu().numpy(), silu,
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(activation.gelu_mul(_t(g, device), _t(u, device)).cpu().numpy(), gelu,
+                               rtol=1e-5, atol=1e-5)
+    b = rng.standard_normal(300)
+    np.testing.assert_allclose(activation.add_(_t(g, device), _t(b, device)).cpu().numpy(), g + b, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(activation.scale_(_t(g, device), 0.5).cpu().numpy(), g * 0.5, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(activation.softcap_(_t(g * 10, device), 30.0).cpu().numpy(),
+                               30 * np.tanh(g * 10 / 30), rtol=1e-5, atol=1e-5)
+
+
+def test_argmax_takes_the_first_maximum(device: str) -> None:
+    x = np.random.default_rng(3).standard_normal(5000).astype(np.float32)
+    x[4321] = x[777] = 50.0  # a tie across blocks: numpy's answer is the first
+    am = Argmax(x.size, torch.device(device))
+    assert int(am(_t(x, device)).item()) == int(np.argmax(x)) == 777

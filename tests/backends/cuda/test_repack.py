@@ -1,0 +1,28 @@
+"""The load-time repack keeps every weight exactly: packed planes → float32 equals gguf-py's dequantize."""
+
+from __future__ import annotations
+
+import gguf.quants
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from random_blocks import ALL_TYPES, random_raw
+
+from quanta.backends.cuda.repack import dequantize_packed, repack
+
+
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_repack_is_lossless(type_name: str) -> None:
+    rng = np.random.default_rng(1)
+    n, k = 3, 512
+    raw = random_raw(type_name, n, k, rng)
+    want = gguf.quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(n, k)
+    w = repack(torch.from_numpy(raw.copy()), type_name, (n, k))
+    np.testing.assert_array_equal(dequantize_packed(w).numpy(), want)
+
+
+def test_rows_must_hold_whole_chunks() -> None:
+    raw = np.zeros((2, 48 // 32 * 34), np.uint8)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        repack(torch.from_numpy(raw), "Q8_0", (2, 48))
