@@ -1,0 +1,218 @@
+"""`quanta bench`: prefill and decode speed against the memory roofline, side by side with llama.cpp.
+
+Engines alternate run by run inside one invocation (this kind of machine is noisy: only ratios measured together
+count). Every figure is the median over ``repeats`` with its min and max.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from quanta import gguf
+from quanta.bench.engines import LlamaCppEngine, QuantaEngine, RunTimes
+from quanta.bench.roofline import kv_bytes_per_token, weight_bytes_per_token
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: Path
+    device: str = "cpu"
+    prompt_tokens: int = 512
+    decode_tokens: int = 128
+    depth: int = 0
+    repeats: int = 5
+    threads: int = 2
+    vs: str | None = None
+    exact: bool = False
+    cold_start: bool = True
+    breakdown: bool = True
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _prompt(vocab: int, n: int, seed: int = 0) -> list[int]:
+    """Random ids from the middle of the vocabulary (no specials), the same for both engines."""
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(min(1000, vocab // 4), vocab - vocab // 8, n)]
+
+
+def _model_shape(path: Path) -> dict[str, int]:
+    with gguf.open(path) as f:
+        arch = f.architecture
+        md = f.metadata
+        heads = md[f"{arch}.attention.head_count"]
+        d = md[f"{arch}.embedding_length"]
+        return {
+            "weights": weight_bytes_per_token(f),
+            "layers": md[f"{arch}.block_count"],
+            "kv_heads": md.get(f"{arch}.attention.head_count_kv", heads),
+            "head_dim": md.get(f"{arch}.attention.key_length", d // heads),
+            "vocab": len(md["tokenizer.ggml.tokens"]),
+            "file_bytes": f.file_size,
+        }
+
+
+_COLD_QUANTA = """
+import sys
+from quanta import LLM
+llm = LLM(sys.argv[1], device=sys.argv[2], threads=int(sys.argv[3]), n_ctx=256)
+llm.generate([int(t) for t in sys.argv[4].split(',')], max_tokens=1, temperature=0.0, ignore_eos=True)
+print('FIRST', flush=True)
+llm.generate([int(t) for t in sys.argv[4].split(',')], max_tokens=32, temperature=0.0, ignore_eos=True)
+print('RSS', [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM')][0], flush=True)
+"""
+
+_COLD_LLAMA = """
+import sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=256, n_threads=int(sys.argv[3]), verbose=False)
+llm.eval([int(t) for t in sys.argv[4].split(',')])
+print('FIRST', flush=True)
+for _ in range(32):
+    llm.eval([5])
+print('RSS', [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM')][0], flush=True)
+"""
+
+
+def cold_start(engine: str, cfg: BenchConfig, prompt: list[int]) -> tuple[float, int]:
+    """Seconds from process start to the first token (caches warm), and the process's peak RSS in bytes
+    (VmHWM: unlike ru_maxrss it is not inherited from the forking parent)."""
+    code = _COLD_QUANTA if engine == "quanta" else _COLD_LLAMA
+    args = [sys.executable, "-c", code, str(cfg.model), cfg.device, str(cfg.threads), ",".join(map(str, prompt))]
+    t = time.perf_counter()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first, rss = float("nan"), 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("FIRST"):
+            first = time.perf_counter() - t
+        elif line.startswith("RSS"):
+            rss = int(line.split()[1])
+    if proc.wait() != 0:
+        raise RuntimeError(f"cold-start run of {engine} failed:\n{proc.stderr.read() if proc.stderr else ''}")
+    return first, rss
+
+
+def _summarise(runs: list[RunTimes], deep: list[RunTimes], shape: dict[str, int], cfg: BenchConfig,
+               bandwidth: float) -> dict[str, Any]:
+    prefill = _spread([r.prefill_tok_s for r in runs])
+    decode = _spread([r.decode_tok_s for r in runs])
+    ttft = _spread([r.ttft_s * 1e3 for r in runs])
+    bytes_per_token = shape["weights"] + kv_bytes_per_token(
+        shape["layers"], shape["kv_heads"], shape["head_dim"], cfg.prompt_tokens + cfg.decode_tokens // 2)
+    achieved = decode["median"] * bytes_per_token
+    out: dict[str, Any] = {
+        "prefill_tok_s": prefill["median"], "prefill_tok_s_spread": prefill,
+        "decode_tok_s": decode["median"], "decode_tok_s_spread": decode,
+        "decode_ms_per_token": 1e3 / decode["median"],
+        "ttft_ms": ttft["median"], "ttft_ms_spread": ttft,
+        "bytes_per_token": bytes_per_token,
+        "achieved_gb_s": achieved / 1e9,
+        "roofline_pct": 100.0 * achieved / bandwidth,
+    }
+    if deep:
+        d = _spread([r.decode_tok_s for r in deep])
+        out.update({"depth_decode_tok_s": d["median"], "depth_decode_tok_s_spread": d})
+    return out
+
+
+def run_bench(cfg: BenchConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Measure quanta (and the baseline with ``cfg.vs``) and return the report (the --json document)."""
+    shape = _model_shape(cfg.model)
+    prompt = _prompt(shape["vocab"], cfg.prompt_tokens)
+    deep_prompt = _prompt(shape["vocab"], cfg.depth, seed=1) if cfg.depth else []
+    n_ctx = max(cfg.prompt_tokens, cfg.depth) + cfg.decode_tokens + 8
+    bandwidth = _bandwidth(cfg)
+    engines: dict[str, Any] = {"quanta": QuantaEngine(str(cfg.model), device=cfg.device, threads=cfg.threads,
+                                                      n_ctx=n_ctx, exact=cfg.exact)}
+    if cfg.vs:
+        engines["llama.cpp"] = LlamaCppEngine(cfg.model, threads=cfg.threads, n_ctx=n_ctx)
+    runs: dict[str, list[RunTimes]] = {k: [] for k in engines}
+    deep: dict[str, list[RunTimes]] = {k: [] for k in engines}
+    steps = cfg.repeats * len(engines) * (2 if cfg.depth else 1)
+    with tqdm(total=steps, desc="bench", disable=not progress, leave=False) as bar:
+        for name, engine in engines.items():  # warm-up: compile, page in the weights
+            engine.run(prompt[:16], 4)
+        for _ in range(cfg.repeats):
+            for name, engine in engines.items():
+                runs[name].append(engine.run(prompt, cfg.decode_tokens))
+                bar.update()
+                if cfg.depth:
+                    deep[name].append(engine.run(deep_prompt, cfg.decode_tokens))
+                    bar.update()
+    report = {"model": str(cfg.model), "device": cfg.device, "threads": cfg.threads,
+              "prompt_tokens": cfg.prompt_tokens, "decode_tokens": cfg.decode_tokens, "depth": cfg.depth,
+              "repeats": cfg.repeats, "bandwidth_gb_s": bandwidth / 1e9, "file_bytes": shape["file_bytes"],
+              **_summarise(runs["quanta"], deep["quanta"], shape, cfg, bandwidth)}
+    if cfg.breakdown:
+        report["breakdown"] = _breakdown(engines["quanta"], prompt, cfg)
+    if cfg.cold_start:
+        report["cold_start_s"], report["peak_rss_bytes"] = cold_start("quanta", cfg, prompt[:8])
+    if cfg.vs:
+        base = _summarise(runs["llama.cpp"], deep["llama.cpp"], shape, cfg, bandwidth)
+        if cfg.cold_start:
+            base["cold_start_s"], base["peak_rss_bytes"] = cold_start("llama.cpp", cfg, prompt[:8])
+        report["baseline"] = {"engine": "llama.cpp", **base}
+        report["decode_ratio"] = report["decode_tok_s"] / base["decode_tok_s"]
+        report["prefill_ratio"] = report["prefill_tok_s"] / base["prefill_tok_s"]
+        report["baseline"].update(decode_ratio=report["decode_ratio"], prefill_ratio=report["prefill_ratio"])
+        if cfg.depth:
+            report["depth_decode_ratio"] = report["depth_decode_tok_s"] / base["depth_decode_tok_s"]
+        if cfg.cold_start:
+            report["cold_start_ratio"] = report["cold_start_s"] / base["cold_start_s"]
+    return report
+
+
+def _bandwidth(cfg: BenchConfig) -> float:
+    from quanta.bench import roofline
+
+    if cfg.device == "cuda":
+        return roofline.cuda_read_bandwidth()
+    return roofline.cpu_read_bandwidth(cfg.threads)
+
+
+def _breakdown(engine: QuantaEngine, prompt: list[int], cfg: BenchConfig) -> dict[str, dict[str, float]]:
+    """Per-op time: ms per prompt for prefill, ms per token for decode (a decode run minus its prefill)."""
+    from quanta.bench.profile import op_timers
+
+    llm = engine.llm
+    sync = None
+    if cfg.device == "cuda":
+        import torch
+
+        sync = torch.cuda.synchronize
+
+    def timed(p: list[int], n: int) -> tuple[dict[str, float], float]:
+        with op_timers(llm.backend, sync) as totals:
+            t = time.perf_counter()
+            llm.generate(p, max_tokens=n + 1, temperature=0.0, ignore_eos=True)
+            total = time.perf_counter() - t
+        return dict(totals), total
+
+    def per_op(totals: dict[str, float], total: float, per: int) -> dict[str, float]:
+        ops = {k: 1e3 * v / per for k, v in sorted(totals.items(), key=lambda kv: -kv[1]) if v > 0}
+        ops["other (python, sampling)"] = max(0.0, 1e3 * total / per - sum(ops.values()))
+        return ops
+
+    prefill, prefill_total = timed(prompt, 0)
+    n = min(cfg.decode_tokens, 32)
+    short, short_total = timed(prompt[:8], 0)
+    full, full_total = timed(prompt[:8], n)
+    decode = {k: full.get(k, 0.0) - short.get(k, 0.0) for k in full}
+    return {"prefill": per_op(prefill, prefill_total, 1), "decode": per_op(decode, full_total - short_total, n)}
+
+
+def write_json(report: dict[str, Any], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(report, indent=2))

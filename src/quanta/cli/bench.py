@@ -1,0 +1,45 @@
+"""`quanta bench`: prefill/decode speed, roofline and per-op breakdown, optionally against llama.cpp."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=None, help="model path or known name (default: smollm2-135m)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("-p", "--prompt-tokens", type=int, default=512, help="prompt length for prefill/TTFT (512)")
+    p.add_argument("-n", "--decode-tokens", type=int, default=128, help="tokens to decode per run (128)")
+    p.add_argument("--depth", type=int, default=0, help="also measure decode after this many tokens of context")
+    p.add_argument("--repeats", type=int, default=5, help="runs per engine; figures are medians (5)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: available cores)")
+    p.add_argument("--vs", choices=("llama.cpp",), default=None, help="measure llama.cpp side by side")
+    p.add_argument("--exact", action="store_true", help="quanta's exact fp32 mode instead of the fast mode")
+    p.add_argument("--no-cold-start", action="store_true", help="skip the process-start → first-token runs")
+    p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the roofline chart and per-op bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    from quanta.bench.report import format_table, plot
+    from quanta.bench.runner import BenchConfig, run_bench, write_json
+    from quanta.hub import resolve_model
+
+    for name in ("prompt_tokens", "decode_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.depth < 0:
+        raise ValueError("--depth must be 0 or more")
+    threads = args.threads or len(os.sched_getaffinity(0))
+    cfg = BenchConfig(model=resolve_model(args.model), device=args.device, prompt_tokens=args.prompt_tokens,
+                      decode_tokens=args.decode_tokens, depth=args.depth, repeats=args.repeats, threads=threads,
+                      vs=args.vs, exact=args.exact, cold_start=not args.no_cold_start)
+    report = run_bench(cfg, progress=sys.stderr.isatty())
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+    if args.plot:
+        plot(report, args.plot)
+    return 0

@@ -1,0 +1,92 @@
+"""`quanta bench` end to end on the real SmolLM2 (tiny sizes), against llama.cpp side by side."""
+
+from __future__ import annotations
+
+import json
+
+import gguf as gguf_py
+import pytest
+
+from quanta.bench.profile import op_timers
+from quanta.bench.roofline import cpu_read_bandwidth, kv_bytes_per_token
+from quanta.cli.main import main
+
+pytest.importorskip("llama_cpp")
+
+
+@pytest.fixture(scope="module")
+def report(smollm2_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    status = main(["bench", "-m", str(smollm2_path), "-p", "32", "-n", "8", "--repeats", "2", "--threads", "2",
+                   "--depth", "48", "--vs", "llama.cpp", "--json", str(out / "r.json"), "--plot", str(out / "r.png")])
+    assert status == 0
+    return json.loads((out / "r.json").read_text()), out / "r.png"
+
+
+def test_report_has_the_documented_keys_for_both_engines(report):
+    r, _ = report
+    keys = ("prefill_tok_s", "decode_tok_s", "ttft_ms", "bytes_per_token", "roofline_pct")
+    for engine in (r, r["baseline"]):
+        for k in keys:
+            assert engine[k] > 0, k
+        assert engine["depth_decode_tok_s"] > 0
+        assert engine["cold_start_s"] > 0 and engine["peak_rss_bytes"] > 0
+    assert r["decode_ratio"] == pytest.approx(r["decode_tok_s"] / r["baseline"]["decode_tok_s"])
+    assert r["prefill_ratio"] == pytest.approx(r["prefill_tok_s"] / r["baseline"]["prefill_tok_s"])
+    assert r["baseline"]["decode_ratio"] == r["decode_ratio"]
+
+
+def test_spread_brackets_the_median(report):
+    r, _ = report
+    for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms"):
+        s = r[f"{key}_spread"]
+        assert s["min"] <= s["median"] == r[key] <= s["max"]
+
+
+def test_bytes_per_token_counts_weights_and_kv_as_gguf_py_reads_them(report, smollm2_path):
+    r, _ = report
+    reader = gguf_py.GGUFReader(smollm2_path)
+    names = {t.name: int(t.n_bytes) for t in reader.tensors}
+    tied = "output.weight" not in names
+    weights = sum(b for n, b in names.items() if tied or n != "token_embd.weight")
+    kv = kv_bytes_per_token(30, 3, 64, r["prompt_tokens"] + r["decode_tokens"] // 2)
+    assert r["bytes_per_token"] == weights + kv
+    roof = r["bandwidth_gb_s"] * 1e9 / r["bytes_per_token"]
+    assert r["roofline_pct"] == pytest.approx(100 * r["decode_tok_s"] / roof)
+
+
+def test_breakdown_covers_matmul_by_type_and_other(report):
+    r, _ = report
+    decode = r["breakdown"]["decode"]
+    assert {"matmul Q4_1", "matmul Q8_0", "attention", "rms_norm"} <= set(decode)
+    assert "other (python, sampling)" in decode
+    assert all(v >= 0 for v in decode.values())
+
+
+def test_plot_is_a_png(report):
+    _, png = report
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bandwidth_probe_is_plausible():
+    bw = cpu_read_bandwidth(1, size_mb=64, repeats=2)
+    assert 1e9 < bw < 1e12
+
+
+def test_op_timers_restore_the_backend_methods():
+    class Backend:
+        def matmul(self, x, w):
+            return x
+
+    b = Backend()
+    with op_timers(b) as totals:
+        b.matmul(1, type("W", (), {"type": "Q4_0"})())
+    assert "matmul Q4_0" in totals and "matmul" not in b.__dict__
+    assert b.matmul(2, None) == 2
+
+
+@pytest.mark.parametrize("argv", [["-p", "0"], ["--depth", "-1"], ["-m", "no-such-model"]])
+def test_bad_arguments_are_one_line_errors(argv, capsys):
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("quanta: error:") and "Traceback" not in err
