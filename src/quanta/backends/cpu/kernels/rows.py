@@ -1,0 +1,157 @@
+"""The parallel numba kernels: dequantize rows (GEMM tiles, embeddings), fp32 GEMV, q8-activation GEMV.
+
+A weight is its GGUF bytes viewed as ``raw2d`` (m rows x bytes-per-row, uint8, zero-copy). ``fmt`` is a small
+integer code (``FORMAT_CODES``) so one compiled kernel serves every format: the branch on it is taken once per
+row and selects that format's SIMD intrinsic. Work is split over output rows (``prange``), a few contiguous chunks
+per thread, with no synchronisation beyond the end of the loop. Reference: gguf-py's dequantize (tests).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from quanta.backends.cpu.kernels.activations import quantize_q8_32
+from quanta.backends.cpu.kernels.dequant_simd import (
+    dequant_q4_0_simd, dequant_q4_1_simd, dequant_q4_k_simd, dequant_q5_0_simd, dequant_q5_1_simd,
+    dequant_q5_k_simd, dequant_q6_k_simd, dequant_q8_0_simd,
+)  # fmt: skip
+from quanta.backends.cpu.kernels.kquants import dequant_q2_k, dequant_q3_k
+from quanta.backends.cpu.kernels.kquants_dot import rows_dot_q4_k, rows_dot_q5_k, rows_dot_q6_k
+from quanta.backends.cpu.kernels.kquants_dot_q8 import rows_dot_q4_k_q8, rows_dot_q5_k_q8, rows_dot_q6_k_q8
+from quanta.backends.cpu.kernels.legacy_dot import (
+    rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0,
+)  # fmt: skip
+from quanta.backends.cpu.kernels.legacy_dot_q8 import (
+    rows_dot_q4_0_q8, rows_dot_q4_1_q8, rows_dot_q5_0_q8, rows_dot_q5_1_q8, rows_dot_q8_0_q8,
+)  # fmt: skip
+
+FORMAT_CODES = {
+    "Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4,
+    "Q2_K": 5, "Q3_K": 6, "Q4_K": 7, "Q5_K": 8, "Q6_K": 9,
+}  # fmt: skip
+
+
+@njit
+def dequant_row(fmt, row, block_size, type_size, out):
+    nb = out.shape[0] // block_size
+    if fmt == 0:
+        dequant_q4_0_simd(row, out, nb)
+    elif fmt == 1:
+        dequant_q4_1_simd(row, out, nb)
+    elif fmt == 2:
+        dequant_q5_0_simd(row, out, nb)
+    elif fmt == 3:
+        dequant_q5_1_simd(row, out, nb)
+    elif fmt == 4:
+        dequant_q8_0_simd(row, out, nb)
+    elif fmt == 7:
+        dequant_q4_k_simd(row, out, nb)
+    elif fmt == 8:
+        dequant_q5_k_simd(row, out, nb)
+    elif fmt == 9:
+        dequant_q6_k_simd(row, out, nb)
+    elif fmt == 5:  # Q2_K, Q3_K: scalar loops
+        for i in range(nb):
+            dequant_q2_k(row, i * type_size, out, i * block_size)
+    else:
+        for i in range(nb):
+            dequant_q3_k(row, i * type_size, out, i * block_size)
+
+
+@njit(parallel=True, cache=True)
+def dequant_rows(fmt, raw2d, rows, block_size, type_size, out):
+    """``out[i] = dequantize(raw2d[rows[i]])``: the rows of a table (embedding)."""
+    for i in prange(rows.shape[0]):
+        dequant_row(fmt, raw2d[rows[i]], block_size, type_size, out[i])
+
+
+@njit(cache=True, nogil=True)
+def dequant_tile(fmt, raw2d, start, block_size, type_size, out):
+    """``out[i] = dequantize(raw2d[start + i])`` on the calling thread (GIL released): each sgemm thread
+    dequantizes its own tile, see ``qmatmul._gemm``."""
+    for i in range(out.shape[0]):
+        dequant_row(fmt, raw2d[start + i], block_size, type_size, out[i])
+
+
+@njit
+def rows_dot(fmt, raw2d, r0, r1, x, xsum, out, buf):
+    """``out[r] = dot(dequantize(raw2d[r]), x)`` in fp32 for r in [r0, r1): a SIMD intrinsic per format,
+    dequantize-then-dot (into ``buf``) for Q2_K/Q3_K."""
+    if fmt == 0:
+        rows_dot_q4_0(raw2d, r0, r1, x, xsum, out)
+    elif fmt == 1:
+        rows_dot_q4_1(raw2d, r0, r1, x, xsum, out)
+    elif fmt == 2:
+        rows_dot_q5_0(raw2d, r0, r1, x, xsum, out)
+    elif fmt == 3:
+        rows_dot_q5_1(raw2d, r0, r1, x, xsum, out)
+    elif fmt == 4:
+        rows_dot_q8_0(raw2d, r0, r1, x, xsum, out)
+    elif fmt == 7:
+        rows_dot_q4_k(raw2d, r0, r1, x, xsum, out)
+    elif fmt == 8:
+        rows_dot_q5_k(raw2d, r0, r1, x, xsum, out)
+    elif fmt == 9:
+        rows_dot_q6_k(raw2d, r0, r1, x, xsum, out)
+    else:
+        type_size = raw2d.shape[1] // (x.shape[0] // 256)
+        for r in range(r0, r1):
+            dequant_row(fmt, raw2d[r], 256, type_size, buf)
+            acc = np.float32(0.0)
+            for j in range(buf.shape[0]):
+                acc += buf[j] * x[j]
+            out[r] = acc
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def gemv(fmt, raw2d, x, out, n_chunks):
+    """``out[t, r] = dot(x[t], dequantize(raw2d[r]))`` in fp32, parallel over chunks of rows.
+
+    Rows are split into ``n_chunks`` contiguous chunks (a few per thread) so scratch is allocated once per chunk.
+    """
+    m = raw2d.shape[0]
+    n, k = x.shape
+    xsum = np.empty((n, k // 32), np.float32)  # per-32 sums of x, for the block minimums / offsets
+    for t in range(n):
+        for i in range(k // 32):
+            xsum[t, i] = x[t, 32 * i : 32 * i + 32].sum()
+    for c in prange(n_chunks):
+        buf = np.empty(k, np.float32)
+        for t in range(n):
+            rows_dot(fmt, raw2d, c * m // n_chunks, (c + 1) * m // n_chunks, x[t], xsum[t], out[t], buf)
+
+
+@njit
+def rows_dot_q8(fmt, raw2d, r0, r1, xq, xd, xsum, xqsum, out):
+    if fmt == 0:
+        rows_dot_q4_0_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+    elif fmt == 1:
+        rows_dot_q4_1_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+    elif fmt == 2:
+        rows_dot_q5_0_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+    elif fmt == 3:
+        rows_dot_q5_1_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+    elif fmt == 4:
+        rows_dot_q8_0_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+    elif fmt == 7:
+        rows_dot_q4_k_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+    elif fmt == 8:
+        rows_dot_q5_k_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+    else:
+        rows_dot_q6_k_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def gemv_q8(fmt, raw2d, x, out, n_chunks):
+    """Fast-mode GEMV (legacy formats and Q4_K/Q5_K/Q6_K): activations quantized to q8 per 32, VNNI dots."""
+    m = raw2d.shape[0]
+    n, k = x.shape
+    xq = np.empty((n, k), np.int8)
+    xd = np.empty((n, k // 32), np.float32)
+    xsum = np.empty((n, k // 32), np.float32)
+    xqsum = np.empty((n, k // 32), np.int32)
+    quantize_q8_32(x, xq, xd, xsum, xqsum)
+    for c in prange(n_chunks):
+        for t in range(n):
+            rows_dot_q8(fmt, raw2d, c * m // n_chunks, (c + 1) * m // n_chunks, xq[t], xd[t], xsum[t], xqsum[t], out[t])

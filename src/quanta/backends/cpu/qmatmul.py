@@ -1,0 +1,192 @@
+"""Matrix products with quantized GGUF weights on the CPU: ``qmatmul(x, w) = x @ dequantize(W).T``.
+
+Weights stay in their GGUF bytes (a zero-copy view of the mmap: resident memory = the file's bytes). Decode
+(few activation rows) runs numba GEMV kernels that dequantize inside the dot product, parallel over output rows.
+Prefill (many rows) is compute-bound: each thread dequantizes a tile of weight rows at a time into a reused fp32
+scratch (a few MB, never the whole weight) and multiplies it with a single-threaded OpenBLAS sgemm, so each
+dequantized weight is reused by all activation rows. See docs/PERF_cpu_kernels.md for the measurements behind
+each choice.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+
+from quanta.backends.cpu.kernels import openblas
+from quanta.backends.cpu.kernels import rows as _rows
+from quanta.backends.cpu.kernels.legacy_dot_q8 import HAS_VNNI
+from quanta.quant.formats import get_format
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
+GEMM_MIN_ROWS = 8  # from this many activation rows on, dequantize tiles + sgemm beats the GEMV kernels
+TILE_BYTES = 4 << 20  # fp32 scratch per weight tile (fits L2+L3 alongside the activations)
+# Types whose fast-mode GEMV quantizes activations to q8 (integer VNNI dots); the others stay fp32 in both modes.
+Q8_ACTIVATION_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") if HAS_VNNI else ()
+
+
+@dataclass(frozen=True, eq=False)
+class QWeight:
+    """A weight ready for ``qmatmul``: ``shape`` is (m, k) = (output features, input features)."""
+
+    name: str
+    type: str
+    shape: tuple[int, int]
+    raw2d: np.ndarray = field(repr=False)  # (m, bytes per row) uint8, read-only, the file's bytes
+    fmt: int  # kernel format code (-1 for float types)
+    block_size: int
+    type_size: int
+
+    @property
+    def nbytes_resident(self) -> int:
+        return int(self.raw2d.nbytes)
+
+
+def prepare_weight(tensor) -> QWeight:
+    """Wrap a ``quanta.gguf.TensorInfo`` (1-D tensors become one row); no copy, no repack."""
+    fmt = get_format(tensor.type, tensor.name)
+    shape = tuple(int(s) for s in tensor.shape)
+    m, k = (1, shape[0]) if len(shape) == 1 else (int(np.prod(shape[:-1])), shape[-1])
+    if k % fmt.block_size:
+        raise ValueError(f"tensor {tensor.name}: row length {k} is not a multiple of {fmt.name}'s block size")
+    raw2d = tensor.raw.reshape(m, (k // fmt.block_size) * fmt.type_size).view()
+    raw2d.flags.writeable = False
+    code = -1 if fmt.name in FLOAT_TYPES else _rows.FORMAT_CODES[fmt.name]
+    return QWeight(tensor.name, fmt.name, (m, k), raw2d, code, fmt.block_size, fmt.type_size)
+
+
+SPLIT_MIN_ROWS = 64  # activation rows per thread below which the prefill sgemm stays on one thread
+BLAS_CORE = openblas.use_avx512_kernels()  # AVX-512 sgemm where numpy's OpenBLAS picked AVX2 (Zen 5: 1.8x)
+
+_n_chunks = 8 * numba.get_num_threads()  # row chunks per GEMV call: a few per thread, cached (saves a call)
+_sgemm_pool: ThreadPoolExecutor | None = None
+_sgemm_threads = 0  # 0 = set_threads not called yet (the first GEMM applies the default)
+
+
+def set_threads(n: int) -> None:
+    """Threads used by the numba kernels and by the prefill sgemm (default: all available cores).
+
+    OpenBLAS itself is kept single-threaded: its idle workers spin for ~100 ms after each call (measured: 40-100
+    ms of CPU burnt while idle), stealing a core from the numba kernels that follow; the prefill work is split
+    over our own thread pool instead (idle threads block, burn 0 ms).
+    """
+    global _n_chunks, _sgemm_pool, _sgemm_threads
+    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+    _n_chunks = 8 * numba.get_num_threads()
+    openblas.set_threads(1)
+    if _sgemm_pool is not None:
+        _sgemm_pool.shutdown(wait=False)
+    _sgemm_threads = numba.get_num_threads()
+    if _sgemm_threads > 1:
+        _sgemm_pool = ThreadPoolExecutor(_sgemm_threads - 1, thread_name_prefix="quanta-sgemm")
+    else:
+        _sgemm_pool = None
+
+
+def _float_rows(w: QWeight, start: int, stop: int) -> np.ndarray:
+    raw = w.raw2d[start:stop]
+    if w.type == "F32":
+        return raw.view(np.float32)
+    if w.type == "F16":
+        return raw.view(np.float16).astype(np.float32)
+    return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+_scratch = threading.local()
+
+
+def _tile_buffer(rows: int, k: int) -> np.ndarray:
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < rows * k:
+        buf = _scratch.buf = np.empty(rows * k, np.float32)
+    return buf[: rows * k].reshape(rows, k)
+
+
+def _dequant_tile(w: QWeight, start: int, stop: int) -> np.ndarray:
+    out = _tile_buffer(stop - start, w.shape[1])  # per thread
+    _rows.dequant_tile(w.fmt, w.raw2d, start, w.block_size, w.type_size, out)
+    return out
+
+
+def _split(work: int, n: int) -> list[tuple[int, int]]:
+    """``work`` items in contiguous parts, one per sgemm thread when there are enough activation rows."""
+    if not _sgemm_threads:
+        set_threads(numba.get_num_threads())
+    parts = max(1, min(_sgemm_threads, n // SPLIT_MIN_ROWS, work))
+    return [(work * i // parts, work * (i + 1) // parts) for i in range(parts)]
+
+
+def _run_parts(fn, parts: list[tuple[int, int]]) -> None:
+    """``fn(a, b)`` for every part: all but the first on the sgemm pool, the first on the calling thread."""
+    futures = [_sgemm_pool.submit(fn, a, b) for a, b in parts[1:]]
+    fn(*parts[0])
+    for f in futures:
+        f.result()
+
+
+def _gemm(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
+    """``out = x @ dequantize(W).T``: each thread takes a range of weight rows, dequantizes them tile by tile
+    into its own scratch and runs a single-threaded sgemm on it (the tile stays in that core's cache)."""
+    m, k = w.shape
+    tile = max(16, TILE_BYTES // (4 * k))
+
+    def rows(start: int, stop: int) -> None:
+        for a in range(start, stop, tile):
+            b = min(stop, a + tile)
+            np.matmul(x, _dequant_tile(w, a, b).T, out=out if b - a == m else out[:, a:b])
+
+    _run_parts(rows, _split(m, x.shape[0]))
+
+
+def _float_gemm(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
+    """F32/F16/BF16 weights: one conversion, then the activation rows split over the sgemm threads."""
+    wt = _float_rows(w, 0, w.shape[0]).T
+    _run_parts(lambda a, b: np.matmul(x[a:b], wt, out=out[a:b]), _split(x.shape[0], x.shape[0]))
+
+
+def qmatmul(x: np.ndarray, w: QWeight, *, exact: bool = False, out: np.ndarray | None = None) -> np.ndarray:
+    """``x @ dequantize(W).T`` for float32 ``x`` of shape (n, k); returns (n, m) float32.
+
+    ``exact`` keeps activations and accumulation in fp32 (the oracle mode); the default fast mode may quantize
+    activations to 8 bits for integer dot products.
+    """
+    m, k = w.shape
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"qmatmul: x has shape {x.shape}, weight {w.name} expects (n, {k})")
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    n = x.shape[0]
+    if out is None:
+        out = np.empty((n, m), np.float32)
+    elif out.shape != (n, m):
+        raise ValueError(f"qmatmul: out has shape {out.shape}, expected {(n, m)}")
+    if w.fmt < 0:
+        _float_gemm(x, w, out)
+    elif n >= GEMM_MIN_ROWS:
+        _gemm(x, w, out)
+    else:  # the GEMV kernels are compiled for C-contiguous float32 outputs only
+        target = out if out.dtype == np.float32 and out.flags.c_contiguous else np.empty((n, m), np.float32)
+        if not exact and w.type in Q8_ACTIVATION_TYPES:
+            _rows.gemv_q8(w.fmt, w.raw2d, x, target, min(m, _n_chunks))
+        else:
+            _rows.gemv(w.fmt, w.raw2d, x, target, min(m, _n_chunks))
+        if target is not out:
+            out[...] = target
+    return out
+
+
+def qembed(w: QWeight, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` of the dequantized table, shape (len(ids), k) float32."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    m, k = w.shape
+    if ids.size and (ids.min() < 0 or ids.max() >= m):
+        raise IndexError(f"qembed: token id out of range [0, {m}) for {w.name}")
+    if w.fmt < 0:
+        return np.ascontiguousarray(_float_rows(w, 0, m)[ids], dtype=np.float32)
+    out = np.empty((ids.size, k), np.float32)
+    _rows.dequant_rows(w.fmt, w.raw2d, ids, w.block_size, w.type_size, out)
+    return out

@@ -1,0 +1,185 @@
+"""qmatmul / qembed against gguf-py's dequantize (an independent oracle) and float64 numpy matmul."""
+
+from __future__ import annotations
+
+import gguf
+import numba
+import numpy as np
+import pytest
+
+import quanta.gguf as qgguf
+from quanta.backends.cpu.qmatmul import (
+    GEMM_MIN_ROWS, Q8_ACTIVATION_TYPES, SPLIT_MIN_ROWS, TILE_BYTES, prepare_weight, qembed, qmatmul, set_threads,
+)  # fmt: skip
+from quanta.gguf.reader import TensorInfo
+from quanta.quant.formats import FORMATS, UnsupportedTypeError
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
+EXACT_TOL = 1e-5  # relative to max |reference|: fp32 rounding only
+# 8-bit activations: each x is rounded by up to d/2 = max|x_block|/254, a relative error of ~0.5% per output on
+# Gaussian data (max over outputs up to ~1.5%); RMS bound 1.5% leaves room for small samples.
+FAST_MAX_TOL, FAST_RMS_TOL = 3e-2, 1.5e-2
+
+
+def random_tensor(type_name: str, m: int, k: int, seed: int = 0) -> TensorInfo:
+    """Random blocks of ``type_name``: random bytes for the quants, random finite f16 scales."""
+    rng = np.random.default_rng(seed)
+    fmt = FORMATS[type_name]
+    if type_name in FLOAT_TYPES:
+        values = rng.standard_normal(m * k).astype(np.float32)
+        if type_name == "F16":
+            values = values.astype(np.float16)
+        elif type_name == "BF16":
+            values = (values.view(np.uint32) >> 16).astype(np.uint16)
+        raw = values.view(np.uint8)
+    else:
+        raw = rng.integers(0, 256, m * k // fmt.block_size * fmt.type_size, dtype=np.uint8)
+        blocks = raw.view(fmt.block_dtype)
+        for f in fmt.fields:
+            if f.dtype == "<f2":
+                blocks[f.name] = rng.uniform(-1, 1, blocks[f.name].shape).astype(np.float16)
+    return TensorInfo("random", type_name, (m, k), 0, raw.nbytes, raw)
+
+
+def oracle(t: TensorInfo) -> np.ndarray:
+    m = t.shape[0]
+    return gguf.quants.dequantize(t.raw.reshape(m, -1), gguf.GGMLQuantizationType[t.type]).astype(np.float64)
+
+
+def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+def assert_fast_close(y: np.ndarray, ref: np.ndarray, what) -> None:
+    assert rel_err(y, ref) < FAST_MAX_TOL, what
+    assert np.sqrt(np.mean((y - ref) ** 2) / np.mean(ref**2)) < FAST_RMS_TOL, what
+
+
+def q8_round_trip(x: np.ndarray) -> np.ndarray:
+    """llama.cpp's q8_0 activation quantization in plain numpy: per 32 values d = max|x|/127, q = round(x/d)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    return (np.rint(blocks * inv) * d).reshape(x.shape).astype(np.float64)
+
+
+def block_minimums(t: TensorInfo) -> np.ndarray:
+    """Per-weight block minimum ``m`` (Q4_1/Q5_1) broadcast to (rows, k); zeros for formats without one."""
+    fmt = FORMATS[t.type]
+    if "m" not in [f.name for f in fmt.fields]:
+        return np.zeros(t.shape)
+    m = fmt.blocks(t.raw)["m"].astype(np.float64).reshape(t.shape[0], -1)
+    return np.repeat(m, fmt.block_size, axis=1)
+
+
+def shapes_for(type_name: str) -> list[tuple[int, int]]:
+    bs = FORMATS[type_name].block_size
+    if bs == 256:
+        return [(37, 512), (5, 256)]
+    return [(37, 160), (6, 96)]  # 5 and 3 blocks: odd block counts
+
+
+@pytest.mark.parametrize("type_name", list(FORMATS))
+def test_qmatmul_matches_gguf_dequantize(type_name):
+    for m, k in shapes_for(type_name):
+        t = random_tensor(type_name, m, k)
+        ref_w = oracle(t)
+        w = prepare_weight(t)
+        assert w.shape == (m, k) and w.type == type_name
+        assert w.nbytes_resident == t.nbytes
+        rng = np.random.default_rng(1)
+        for n in (1, 2, 7, 33):
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            ref = x.astype(np.float64) @ ref_w.T
+            assert rel_err(qmatmul(x, w, exact=True), ref) < EXACT_TOL, (m, k, n)
+            fast = qmatmul(x, w)
+            assert_fast_close(fast, ref, (m, k, n))
+            # GEMV: as fp64 with q8-rounded x (not Q4_K/Q5_K, whose 6-bit mins the test would have to unpack)
+            if type_name in Q8_ACTIVATION_TYPES and type_name not in ("Q4_K", "Q5_K") and n < GEMM_MIN_ROWS:
+                mins = block_minimums(t)  # the min term uses the exact x (as llama.cpp's q8_1 sums)
+                q8_ref = q8_round_trip(x) @ (ref_w - mins).T + x.astype(np.float64) @ mins.T
+                assert rel_err(fast, q8_ref) < 1e-4, (m, k, n)
+
+
+@pytest.mark.parametrize("type_name", list(FORMATS))
+def test_qembed_rows_equal_gguf_dequantize(type_name):
+    m, k = shapes_for(type_name)[0]
+    t = random_tensor(type_name, m, k, seed=2)
+    ids = np.array([0, m - 1, 3, 3])
+    np.testing.assert_array_equal(qembed(prepare_weight(t), ids), oracle(t)[ids].astype(np.float32))
+
+
+def test_out_argument_threads_and_gemm_path_agree():
+    t = random_tensor("Q4_1", 64, 256)
+    w = prepare_weight(t)
+    x = np.random.default_rng(3).standard_normal((GEMM_MIN_ROWS + 1, 256)).astype(np.float32)
+    out = np.empty((x.shape[0], 64), np.float32)
+    assert qmatmul(x, w, exact=True, out=out) is out
+    rows = np.stack([qmatmul(x[i : i + 1], w, exact=True)[0] for i in range(x.shape[0])])  # GEMV path
+    np.testing.assert_allclose(out, rows, rtol=0, atol=EXACT_TOL * np.abs(rows).max())
+    before = numba.get_num_threads()
+    set_threads(1)
+    try:
+        np.testing.assert_allclose(qmatmul(x[:1], w, exact=True), rows[:1], rtol=0, atol=EXACT_TOL * np.abs(rows).max())
+    finally:
+        set_threads(before)
+    strided = np.zeros((2, 128), np.float32)[:, ::2]  # a non-contiguous out view is filled too
+    qmatmul(x[:2], w, exact=True, out=strided)
+    np.testing.assert_allclose(strided, rows[:2], rtol=0, atol=EXACT_TOL * np.abs(rows).max())
+
+
+@pytest.mark.parametrize(("m", "n"), [(TILE_BYTES // (4 * 256) + 5, GEMM_MIN_ROWS + 1), (37, 2 * SPLIT_MIN_ROWS + 3)])
+def test_gemm_tiles_and_thread_split(m, n):
+    """Weights taller than one fp32 tile, and prefill batches split over the sgemm threads."""
+    t = random_tensor("Q8_0", m, 256, seed=5)
+    x = np.random.default_rng(6).standard_normal((n, 256)).astype(np.float32)
+    before = numba.get_num_threads()
+    set_threads(2)
+    try:
+        y = qmatmul(x, prepare_weight(t))
+    finally:
+        set_threads(before)
+    assert rel_err(y, x.astype(np.float64) @ oracle(t).T) < EXACT_TOL
+
+
+def test_errors_are_clear():
+    raw = np.zeros(64, np.uint8)
+    with pytest.raises(UnsupportedTypeError, match="IQ2_XXS"):
+        prepare_weight(TensorInfo("blk.0.q", "IQ2_XXS", (1, 256), 0, 64, raw))
+    w = prepare_weight(random_tensor("Q8_0", 4, 64))
+    with pytest.raises(ValueError, match="expects"):
+        qmatmul(np.zeros((1, 32), np.float32), w)
+    with pytest.raises(ValueError, match="out has shape"):
+        qmatmul(np.zeros((1, 64), np.float32), w, out=np.zeros((1, 5), np.float32))
+    with pytest.raises(IndexError):
+        qembed(w, [4])
+
+
+def first_rows(t: TensorInfo, rows: int) -> TensorInfo:
+    """A view of the first ``rows`` rows (keeps big tables like token_embd cheap for the oracle)."""
+    rows = min(rows, t.shape[0])
+    nbytes = t.nbytes // t.shape[0] * rows
+    return TensorInfo(t.name, t.type, (rows, *t.shape[1:]), t.offset, nbytes, t.raw[:nbytes])
+
+
+@pytest.mark.parametrize(
+    ("model", "names"),
+    [
+        ("smollm2_path", ["blk.0.attn_q.weight", "blk.3.ffn_down.weight", "token_embd.weight"]),
+        ("gemma3_path", ["blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight",
+                         "blk.0.ffn_down.weight", "token_embd.weight"]),
+    ],
+)  # fmt: skip
+def test_real_tensors(model, names, request):
+    f = qgguf.open(request.getfixturevalue(model))
+    rng = np.random.default_rng(4)
+    for name in names:
+        t = first_rows(f.tensors[name], 1024)
+        ref_w = oracle(t)
+        w = prepare_weight(t)
+        for n in (1, 9):
+            x = rng.standard_normal((n, t.shape[1])).astype(np.float32)
+            ref = x.astype(np.float64) @ ref_w.T
+            assert rel_err(qmatmul(x, w, exact=True), ref) < EXACT_TOL, (name, n)
+            assert_fast_close(qmatmul(x, w), ref, (name, n))
+        np.testing.assert_array_equal(qembed(w, [0, 5]), ref_w[[0, 5]].astype(np.float32))
