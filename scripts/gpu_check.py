@@ -100,7 +100,7 @@ def random_raw(t: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
 
 
 @section("kernels vs torch float64 on the GPU")
-def kernel_checks() -> None:
+def kernel_checks(rows: tuple[int, ...] = (1, 3, 77)) -> None:
     from quanta.backends.cuda.qmatmul import qmatmul
     from quanta.backends.cuda.repack import dequantize_packed, repack
     from quanta.backends.cuda.embed import embed
@@ -111,7 +111,7 @@ def kernel_checks() -> None:
         n, k = 1000, 2304
         w = repack(torch.from_numpy(random_raw(t, n, k, rng)).cuda(), t, (n, k))
         wd = dequantize_packed(w).double()
-        for m in (1, 3, 77, 300):
+        for m in rows:
             x = torch.randn(m, k, device="cuda")
             res = torch.randn(m, n, device="cuda")
             ref = x.double() @ wd.T + res.double()
@@ -123,6 +123,8 @@ def kernel_checks() -> None:
                 err = ((y.double() - ref).norm() / ref.norm()).item()
                 key = f"{t} m={m}{' ieee' if exact else ''}"
                 worst[key] = err
+        if rows == (1,):  # quick: the GEMV only
+            continue
         ids = torch.tensor([0, 999, 17], dtype=torch.int32, device="cuda")
         e = embed(w, ids)
         worst[f"{t} embed"] = ((e.double() - wd[ids.long()]).abs().max() / wd.abs().max()).item()
@@ -232,12 +234,11 @@ def tune() -> None:
     sys.path.insert(0, "scripts")
     import gpu_tune
 
-    from quanta.backends.cuda import qmatmul
-
-    best = gpu_tune.gemv()
-    qmatmul.GEMV_CONFIG.update(best)
+    best = {f"{bits}-bit {cls}": cfg for (bits, cls), cfg in gpu_tune.gemv().items()}
     RESULTS["gemv_config"] = best
-    SUMMARY.append(f"GEMV config chosen by the sweep: {best}")
+    SUMMARY.append(f"GEMV configs chosen by the sweep: {best}")
+    RESULTS["gemm_config"] = gpu_tune.gemm()
+    SUMMARY.append(f"prefill GEMM config chosen by the sweep: {RESULTS['gemm_config']}")
 
 
 def bytes_per_token(model) -> int:
@@ -287,23 +288,23 @@ def bench(models: list[tuple[str, Path]], bw: float, n_decode: int = 128) -> Non
         roof = bw / nbytes
         row = dict(model=name, bytes_per_token=nbytes, decode_tok_s=d0, decode_pct_roofline=100 * d0 / roof,
                    decode_depth1024_tok_s=d1k, depth_ratio=d1k / d0, prefill512_tok_s=512 / pf, load_s=load_s)
-        # per-kernel breakdown of one eager decode step
+        # per-kernel breakdown of one eager decode step, near the benchmark's depth and after 1,100 tokens
         try:
-            be.graphs = False
-            pos = 1100
             from torch.profiler import ProfilerActivity, profile
 
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    be.forward(model, np.asarray([7], np.int32), pos, cache, all_logits=False)
-                torch.cuda.synchronize()
-            agg: dict[str, float] = {}
-            for ev in prof.key_averages():
-                if ev.device_time_total > 0:
-                    agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total / 5
-            tot = sum(agg.values())
-            row["kernel_us_per_token"] = {k: round(v, 1) for k, v in sorted(agg.items(), key=lambda kv: -kv[1])[:12]}
-            row["kernel_total_us"] = tot
+            be.graphs = False
+            for pos in (100, 1100):
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        be.forward(model, np.asarray([7], np.int32), pos, cache, all_logits=False)
+                    torch.cuda.synchronize()
+                agg: dict[str, float] = {}
+                for ev in prof.key_averages():
+                    if ev.device_time_total > 0:
+                        agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total / 5
+                row[f"kernel_us_per_token@{pos}"] = {k: round(v, 1) for k, v in
+                                                     sorted(agg.items(), key=lambda kv: -kv[1])[:12]}
+                row[f"kernel_total_us@{pos}"] = sum(agg.values())
             be.graphs = True
         except Exception as e:  # the profiler is a nice-to-have
             row["kernel_breakdown_error"] = repr(e)
@@ -317,33 +318,98 @@ def bench(models: list[tuple[str, Path]], bw: float, n_decode: int = 128) -> Non
         torch.cuda.empty_cache()
 
 
+TTFT_CODE = """
+import cProfile, pstats, sys, time
+t0 = time.perf_counter()
+prof = cProfile.Profile()
+prof.enable()
+import torch
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+t1 = time.perf_counter()
+from quanta import LLM
+llm = LLM(sys.argv[1], device="cuda", n_ctx=2048)
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+llm.generate([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=1, temperature=0.0, ignore_eos=True)
+t3 = time.perf_counter()
+prof.disable()
+llm.generate([1, 2, 3, 4, 5, 6, 7, 9], max_tokens=1, temperature=0.0, ignore_eos=True)
+t4 = time.perf_counter()
+print(f"TTFT {t3 - t0:.3f} torch+cuda_init {t1 - t0:.3f} LLM() {t2 - t1:.3f} first_generate {t3 - t2:.3f} "
+      f"second_generate {t4 - t3:.3f}")
+pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(45)
+"""
+
+
 @section("time to first token (fresh process, LLM API)")
 def first_token(path: Path) -> None:
-    code = ("import time,sys; t=time.perf_counter(); from quanta import LLM; "
-            "llm=LLM(sys.argv[1], device='cuda', n_ctx=2048); "
-            "r=llm.generate([1,2,3,4,5,6,7,8], max_tokens=1, temperature=0.0, ignore_eos=True); "
-            "print('TTFT', time.perf_counter()-t)")
-    for label in ("cold (compiles kernels)", "warm (triton cache)"):
-        p = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": "src"}, timeout=300)
+    labels = ["cold (fresh triton cache)", "warm (triton cache)"]
+    if os.environ.get("TTFT_PYCACHE"):  # the image's torch ships no .pyc: cache them as an installed torch would
+        labels = ["warm (triton cache, pycache being filled)", "warm (triton cache + pycache)"]
+    for label in labels:
+        env = {**os.environ, "PYTHONPATH": "src"}
+        if os.environ.get("TTFT_PYCACHE"):
+            env["PYTHONPYCACHEPREFIX"] = str(WORK / "pycache")
+        if label.startswith("cold"):
+            env["TRITON_CACHE_DIR"] = str(WORK / "triton_cold_cache")
+            subprocess.run(["rm", "-rf", env["TRITON_CACHE_DIR"]])
+        p = subprocess.run([sys.executable, "-c", TTFT_CODE, str(path)], capture_output=True, text=True, env=env,
+                           timeout=300)
         line = [x for x in p.stdout.splitlines() if x.startswith("TTFT")]
         val = float(line[0].split()[1]) if line else float("nan")
-        if not line:
-            say(p.stdout[-2000:], p.stderr[-3000:])
-        RESULTS[f"ttft_{label.split()[0]}"] = val
-        SUMMARY.append(f"LLM(...) to first token, {path.stem}, {label}: {val:.2f}s")
+        (OUT / f"ttft_{labels.index(label)}.txt").write_text(p.stdout + "\n" + p.stderr[-20000:])
+        say("  ", line[0] if line else p.stderr[-3000:])
+        RESULTS[f"ttft {label}"] = line[0] if line else None
+        SUMMARY.append(f"LLM(...) to first token, {path.stem}, {label}: {val:.2f}s ({line[0] if line else '?'})")
+
+
+@section("prefill-512 per-kernel profile (TinyLlama)")
+def prefill_profile(path: Path) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from quanta import gguf
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.models import load_model
+
+    g = gguf.open(path)
+    be = CUDABackend("cuda")
+    model = load_model(g, be, 2048)
+    cache = be.kv_cache(model.kv_shape())
+    prompt = np.random.default_rng(0).integers(5, 30000, size=512).astype(np.int32)
+    be.forward(model, prompt, 0, cache, all_logits=False)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        be.forward(model, prompt, 0, cache, all_logits=False)
+        torch.cuda.synchronize()
+    agg: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.device_time_total > 0:
+            agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total
+    top = sorted(agg.items(), key=lambda kv: -kv[1])[:10]
+    say("   prefill-512 kernel us: " + json.dumps({k[:40]: round(v) for k, v in top}))
+    RESULTS["prefill_kernel_us"] = {k: round(v, 1) for k, v in top}
+    SUMMARY.append("prefill-512 kernels (us): " + ", ".join(f"{k[:24]} {v:.0f}" for k, v in top[:6]))
+    g.close()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="kernels,tune,bench,compare,ttft,synthcompare")
+    ap.add_argument("--only", default="kernels,compare,tune,bench,ttft,prefillprof,compare2")
+    ap.add_argument("--quick", action="store_true", help="GEMV-only kernel checks, tiny models only in compare")
     ap.add_argument("--real", default="", help="a real GGUF to compare too (e.g. SmolLM2)")
     args = ap.parse_args()
     only = set(args.only.split(","))
     say(f"torch {torch.__version__}, triton {__import__('triton').__version__}, {torch.cuda.get_device_name()}")
     bw = bandwidth() or 4.3e12
     if "kernels" in only:
-        kernel_checks()
+        kernel_checks((1,) if args.quick else (1, 3, 77))
+    if "compare" in only:  # tiny models of three architectures and synthetic SmolLM2 against the CPU exact mode
+        models = tiny_models()
+        if args.real:
+            models.append(("real-" + Path(args.real).stem, Path(args.real)))
+        if not args.quick:
+            models.append(("smollm2-135m Q4_1", synth("smollm2-135m", "Q4_1")))
+        compare(models)
     bench_models = []
     if "bench" in only:
         for preset, ft in (("tinyllama-1.1b", "Q4_K_M"), ("llama-3.2-1b", "Q4_K_M"), ("qwen2.5-1.5b", "Q4_0")):
@@ -354,13 +420,10 @@ def main() -> None:
         bench(bench_models, bw)
     if "ttft" in only and bench_models:
         first_token(bench_models[0][1])
-    if "compare" in only:
-        models = tiny_models()
-        if args.real:
-            models.append(("real-" + Path(args.real).stem, Path(args.real)))
-        for preset, ft in (("smollm2-135m", "Q4_1"), ("gemma3-270m", "Q4_K_M"), ("qwen2.5-0.5b", "Q8_0")):
-            models.append((f"{preset} {ft}", synth(preset, ft)))
-        compare(models)
+    if "prefillprof" in only and bench_models:
+        prefill_profile(bench_models[0][1])
+    if "compare2" in only:  # gemma3 (head dim 256, window, soft-cap) at 270M
+        compare([("gemma3-270m Q4_K_M", synth("gemma3-270m", "Q4_K_M"))])
     if "synthcompare" in only:  # the big presets against the CPU exact mode (slow on the CPU side)
         compare(bench_models or [(f"{p} {t}", synth(p, t)) for p, t in (("tinyllama-1.1b", "Q4_K_M"),)])
     (OUT / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1, default=str))

@@ -1,4 +1,5 @@
-"""Sweep the GEMV / GEMM tile configurations on the GPU (weights rotated over > L2 so HBM is measured).
+"""Sweep the GEMV / GEMM tile configurations on the GPU: each config's calls are captured back to back in a CUDA
+graph (host launch cost excluded) over rotating weight copies (HBM, not L2).
 
 Prints, per (shape, format), the best configurations and their GB/s (GEMV) or TFLOP/s (GEMM). Used to choose the
 defaults in quanta/backends/cuda/qmatmul.py; the results are recorded in docs/PERF_gpu.md.
@@ -7,14 +8,10 @@ Usage: PYTHONPATH=src python3 scripts/gpu_tune.py [gemv|gemm]...
 
 from __future__ import annotations
 
-import itertools
-import os
 import sys
 
 import numpy as np
 import torch
-import triton
-import triton.testing
 
 sys.path.insert(0, "scripts")
 from gpu_check import random_raw  # noqa: E402
@@ -30,71 +27,110 @@ def weights(t: str, n: int, k: int, copies: int) -> list:
     return [repack(raw.clone(), t, (n, k)) for _ in range(copies)]
 
 
-def bench(fn, ws) -> float:
-    i = [0]
+GEMV_SHAPES = {  # (code width, class): decode shapes of the benchmark models (TinyLlama, Llama-3.2-1B, Qwen2.5-1.5B)
+    (4, "small"): [((256, 2048), "Q4_K"), ((512, 2048), "Q4_K"), ((256, 1536), "Q4_0")],
+    (4, "base"): [((2048, 2048), "Q4_K"), ((5632, 2048), "Q4_K"), ((8192, 2048), "Q4_K"), ((1536, 1536), "Q4_0"),
+                  ((8960, 1536), "Q4_0")],
+    (4, "long"): [((2048, 5632), "Q4_K"), ((2048, 8192), "Q4_K"), ((1536, 8960), "Q4_0")],
+    (8, "small"): [((256, 2048), "Q6_K"), ((512, 2048), "Q6_K")],
+    (8, "long"): [((2048, 5632), "Q6_K"), ((2048, 8192), "Q6_K")],
+    (8, "head"): [((32000, 2048), "Q6_K"), ((151936, 1536), "Q6_K")],
+}
+GEMV_CONFIGS = {  # (BN, BJ, num_warps, PREFETCH)
+    4: [(1, 64, 2, False), (2, 64, 2, False), (4, 64, 2, False), (4, 32, 1, False), (8, 32, 2, False),
+        (4, 128, 4, False), (8, 64, 4, False), (4, 64, 2, True), (4, 32, 1, True), (8, 32, 2, True)],
+    8: [(1, 64, 2, False), (2, 32, 1, False), (2, 64, 2, False), (2, 128, 4, False), (4, 128, 4, False),
+        (4, 64, 2, False), (2, 32, 1, True), (2, 64, 2, True), (4, 64, 2, True)],
+}
 
-    def step():
-        fn(ws[i[0] % len(ws)])
-        i[0] += 1
-    return triton.testing.do_bench(step, warmup=10, rep=40, return_mode="median") * 1e-3
+
+def graph_time(fn, ws, reps: int = 5) -> float:
+    """Seconds per call of ``fn(w)``, launched back to back from a CUDA graph over the rotating weights ``ws``
+    (so host launch costs are not measured and HBM, not L2, serves the weights)."""
+    for w in ws[:2]:
+        fn(w)  # compile
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for w in ws:
+            fn(w)
+    g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3 / len(ws))
+    return float(np.median(times))
 
 
-def gemv(configs=None) -> dict:
-    """Time the GEMV over tile configs on decode shapes; returns the config with the least total time."""
-    configs = configs or list(itertools.product((2, 4, 8), (8, 16), (1, 2, 4)))
+def gemv() -> dict:
+    """Per (code width, class): the config with the least total graph time over that class's shapes.
+    Sets qmatmul.GEMV_CONFIG and returns the choices; prints each shape's best configs with their GB/s."""
+    chosen = {}
+    for (bits, cls), shapes in GEMV_SHAPES.items():
+        totals: dict = {}
+        for (n, k), t in shapes:
+            ws = weights(t, n, k, max(4, min(64, int(400e6 // (n * k)))))
+            nbytes = ws[0].nbytes
+            x = torch.randn(1, k, device="cuda")
+            y = torch.empty(1, n, device="cuda")
+            res = []
+            for cfg in GEMV_CONFIGS[bits]:
+                bn, bj, nw, pf = cfg
+                qm.GEMV_CONFIG[(bits, cls)] = {"BN": bn, "BJ": bj, "num_warps": nw, "PREFETCH": pf}
+                try:
+                    s = graph_time(lambda w: qm.qmatmul(x, w, out=y), ws)
+                except Exception as e:  # a config the compiler rejects
+                    print("  skip", cfg, repr(e)[:80])
+                    continue
+                res.append((s, cfg))
+                totals[cfg] = totals.get(cfg, 0.0) + s
+            res.sort()
+            best = ", ".join(f"{c}: {nbytes / s / 1e9:.0f} GB/s {s * 1e6:.1f}us" for s, c in res[:3])
+            print(f"GEMV {t} n={n} k={k} ({nbytes / 1e6:.1f} MB): {best}", flush=True)
+            del ws
+        cfg, tot = min(totals.items(), key=lambda kv: kv[1])
+        print(f"GEMV {bits}-bit {cls}: best {cfg} ({tot * 1e6:.1f} us for {len(shapes)} shapes)", flush=True)
+        chosen[(bits, cls)] = {"BN": cfg[0], "BJ": cfg[1], "num_warps": cfg[2], "PREFETCH": cfg[3]}
+        qm.GEMV_CONFIG[(bits, cls)] = chosen[(bits, cls)]
+    return chosen
+
+
+GEMM_CONFIGS = [  # (BM, BN, BC, num_warps, num_stages)
+    (128, 64, 1, 8, 3), (64, 64, 1, 4, 3), (64, 128, 1, 4, 3), (128, 128, 1, 8, 3), (64, 64, 2, 4, 3),
+    (128, 64, 2, 8, 3), (64, 32, 1, 4, 3), (32, 64, 1, 4, 3)]
+
+
+def gemm(m: int = 512) -> dict:
+    """Prefill GEMM tiles: the config with the least total graph time over TinyLlama's m=512 matmuls.
+    Sets qmatmul.GEMM_CONFIG and returns it."""
     totals: dict = {}
-    for (n, k), t in (((2048, 2048), "Q4_K"), ((5632, 2048), "Q4_K"), ((2048, 5632), "Q6_K"),
-                      ((32000, 2048), "Q6_K")):
-        copies = max(2, int(200e6 // (n * k)))
-        ws = weights(t, n, k, copies)
-        nbytes = ws[0].nbytes
-        x = torch.randn(1, k, device="cuda")
-        y = torch.empty(1, n, device="cuda")
-        res = []
-        for bn, bc, nw in configs:
-            def fn(w, bn=bn, bc=bc, nw=nw):
-                qm._gemv_kernel[(triton.cdiv(n, bn), 1)](
-                    x, *qm._planes(w), y, y, n, k, w.q.stride(0), k, n, HAS_RES=False, BN=bn, BC=bc,
-                    MASKED=bool(k % (32 * bc) or n % bn), num_warps=nw, **qm._meta(w))
-            try:
-                s = bench(fn, ws)
-            except Exception as e:  # a config the compiler rejects
-                print("  skip", bn, bc, nw, repr(e)[:80])
-                continue
-            res.append((s, bn, bc, nw))
-            totals[(bn, bc, nw)] = totals.get((bn, bc, nw), 0.0) + s
-        res.sort()
-        best = ", ".join(f"BN={b} BC={c} W={w}: {nbytes / s / 1e9:.0f} GB/s {s * 1e6:.1f}us" for s, b, c, w in res[:4])
-        print(f"GEMV {t} n={n} k={k} ({nbytes / 1e6:.1f} MB): {best}", flush=True)
-    (bn, bc, nw), tot = min(totals.items(), key=lambda kv: kv[1])
-    print(f"GEMV best overall: BN={bn} BC={bc} num_warps={nw} ({tot * 1e6:.1f} us for the 4 shapes)", flush=True)
-    return {"BN": bn, "BC": bc, "num_warps": nw}
-
-
-def gemm() -> None:
-    m = 512
-    for (n, k), t in itertools.product([(5632, 2048), (2048, 5632), (32000, 2048)], ["Q4_K", "Q6_K"]):
-        ws = weights(t, n, k, 2)
+    for (n, k), t in (((2048, 2048), "Q4_K"), ((256, 2048), "Q4_K"), ((5632, 2048), "Q4_K"),
+                      ((2048, 5632), "Q6_K"), ((256, 2048), "Q6_K")):
+        ws = weights(t, n, k, 4)
         x = torch.randn(m, k, device="cuda")
         y = torch.empty(m, n, device="cuda")
         res = []
-        for bm, bn, bc, nw, ns, prec in itertools.product((64, 128), (64, 128), (1, 2), (4, 8), (3,),
-                                                          ("tf32",)):
-            def fn(w, bm=bm, bn=bn, bc=bc, nw=nw, ns=ns, prec=prec):
-                qm._gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-                    x, *qm._planes(w), y, y, m, n, k, w.q.stride(0), k, n, HAS_RES=False, BM=bm, BN=bn, BC=bc, num_warps=nw,
-                    num_stages=ns, PRECISION=prec, **qm._meta(w))
+        for cfg in GEMM_CONFIGS:
+            qm.GEMM_CONFIG.update(dict(zip(("BM", "BN", "BC", "num_warps", "num_stages"), cfg)))
             try:
-                s = bench(fn, ws)
+                s = graph_time(lambda w: qm.qmatmul(x, w, out=y), ws)
             except Exception as e:
-                print("  skip", bm, bn, bc, nw, ns, repr(e)[:80])
+                print("  skip", cfg, repr(e)[:80])
                 continue
-            res.append((s, bm, bn, bc, nw, ns))
+            res.append((s, cfg))
+            totals[cfg] = totals.get(cfg, 0.0) + s
         res.sort()
         fl = 2 * m * n * k
-        best = ", ".join(f"BM={a} BN={b} BC={c} W={w} S={s_}: {fl / s / 1e12:.1f} TF {s * 1e6:.0f}us"
-                         for s, a, b, c, w, s_ in res[:4])
-        print(f"GEMM m={m} {t} n={n} k={k}: {best}", flush=True)
+        print(f"GEMM m={m} {t} n={n} k={k}: " + ", ".join(f"{c}: {fl / s / 1e12:.1f} TF {s * 1e6:.0f}us"
+                                                          for s, c in res[:3]), flush=True)
+    cfg, tot = min(totals.items(), key=lambda kv: kv[1])
+    print(f"GEMM best {cfg} ({tot * 1e6:.0f} us for 5 shapes)", flush=True)
+    qm.GEMM_CONFIG.update(dict(zip(("BM", "BN", "BC", "num_warps", "num_stages"), cfg)))
+    return dict(qm.GEMM_CONFIG)
 
 
 if __name__ == "__main__":

@@ -54,3 +54,21 @@ def test_embed_gathers_dequantized_rows(type_name: str, device: str) -> None:
     ids = torch.tensor([6, 0, 3, 3], dtype=torch.int32, device=device)
     got = embed(w, ids).cpu().numpy()
     np.testing.assert_allclose(got, ref_w[[6, 0, 3, 3]], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q3_K"])
+@pytest.mark.parametrize("bn,bj,warps,prefetch", [(2, 8, 1, True), (4, 16, 2, False)])
+def test_gemv_tile_configs(type_name: str, bn: int, bj: int, warps: int, prefetch: bool, device: str,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tile shapes the tuner may pick: several K steps, with and without the register prefetch, masked
+    (n = 18, k = 768) and whole (n = 16, k = 1024) tiles."""
+    from quanta.backends.cuda import qmatmul as qm
+
+    for key in list(qm.GEMV_CONFIG):
+        monkeypatch.setitem(qm.GEMV_CONFIG, key, {"BN": bn, "BJ": bj, "num_warps": warps, "PREFETCH": prefetch})
+    for n, k in ((18, 768), (16, 1024)):
+        w, ref_w = _weight(type_name, n, k, device, seed=n)
+        x = np.random.default_rng(k).standard_normal((2, k)).astype(np.float32)
+        got = qmatmul(torch.from_numpy(x).to(device), w).cpu().numpy()
+        want = x.astype(np.float64) @ ref_w.T
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5

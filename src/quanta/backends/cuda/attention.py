@@ -117,12 +117,12 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, po_ptr, pm_ptr, pl_ptr,
             valid = valid & (p > pos - window)
         kvmask = valid[:, None] & dmask[None, :]
         k = tl.load(kbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
+        v = tl.load(vbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)  # in flight with k
         s = tl.where(valid[None, :], _scores(q, k, scale, softcap, SOFTCAP, "ieee"), _NEG)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         pexp = tl.where(valid[None, :], tl.exp(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(pexp, axis=1)
-        v = tl.load(vbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(pexp, v, input_precision="ieee")
         m_i = m_new
     live = gmask & ((gi * 0 + start) <= pos)  # splits past the position write nothing; the reduction skips them

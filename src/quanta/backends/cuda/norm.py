@@ -16,11 +16,11 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr, 
     cols = tl.arange(0, BLOCK)
     mask = cols < D
     x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)  # issued with x: one memory latency, not two
     if ADD_RES:  # x += residual, stored back: the residual stream and its norm in one pass
         x += tl.load(res_ptr + row * D + cols, mask=mask, other=0.0)
         tl.store(x_ptr + row * D + cols, x, mask=mask)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     tl.store(y_ptr + row * D + cols, x * inv * w, mask=mask)
 
 

@@ -1,13 +1,16 @@
 """``y = x @ W.T (+ residual)`` on a packed quantized weight: a fused-dequant GEMV for few rows (decode) and a
 fused-dequant GEMM through ``tl.dot`` for many rows (prefill).
 
-Layout (see repack.py): a row of W is read as chunks of 32 weights; chunk ``j`` is 16 bytes of 4-bit codes
-(low nibble = weight ``32j + i``, high nibble = ``32j + 16 + i``), or two runs of 16 signed bytes (8-bit codes),
-or two runs of 16 floats (dense). The GEMM and the embedding see tiles ``[rows, chunks, 16]`` for the "low" and
-the "high" half of each chunk; the GEMV cuts each chunk into quads of 4 bytes (see _gemv_kernel). Group scales
-apply per chunk (G = 32) or per half chunk (G = 16):
+Layout (see repack.py): a row of W is read as chunks of 32 weights; chunk ``c`` is 4 (4-bit) or 8 (8-bit) 32-bit
+words whose slot ``s`` of word ``w`` holds weight ``32c + NW*s + w`` (NW = words per chunk), or 32 floats (dense).
+The GEMV gives each thread whole 16-byte units (a 4-bit chunk, half an 8-bit chunk): one vector load per row and
+unit, and for each slot a contiguous 4-float slice of x, so the inner loop is one LOP3 (mask | exponent), one FADD
+and one FFMA per weight (the code becomes a float by an exponent trick, see _gemv_kernel, with the format's offset
+folded into the FADD). The GEMM and the embedding gather "low" (weights 0..15) and "high" (16..31) halves of each
+chunk as [rows, chunks, 16] tiles.
+Group scales apply per chunk (G = 32) or per half chunk (G = 16):
 
-    y[r] = sum_g  d*sc * (sum_{c in g} q_c x_c  -  QOFF * sum_{c in g} x_c)  -  dmin*mn * sum_{c in g} x_c
+    y[r] = sum_g  d*sc * sum_{c in g} (q_c - QOFF) x_c  -  dmin*mn * sum_{c in g} x_c
 
 Tested under TRITON_INTERPRET=1 against gguf-py's dequantize followed by a float64 matmul
 (tests/backends/cuda/test_qmatmul.py).
@@ -22,8 +25,28 @@ import triton.language as tl
 from quanta.backends.cuda.repack import PackedWeight
 
 _GEMV_MAX_ROWS = 4  # up to this many activation rows the weight is streamed once per row (decode)
-# tile configs, chosen on the H200 by scripts/gpu_tune.py (docs/PERF_gpu.md)
-GEMV_CONFIG = {"BN": 2, "BC": 8, "num_warps": 1}
+# GEMV tiles (BN rows x BJ 16-byte units per program, PREFETCH: see _gemv_kernel) per code width and matrix class,
+# chosen on the H200 by scripts/gpu_tune.py (docs/PERF_gpu.md, run 8); BJ shrinks to the row's unit count for short
+# rows. (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours.
+GEMV_CONFIG = {
+    (4, "small"): {"BN": 1, "BJ": 64, "num_warps": 2, "PREFETCH": False},
+    (4, "base"): {"BN": 8, "BJ": 64, "num_warps": 4, "PREFETCH": False},
+    (4, "long"): {"BN": 4, "BJ": 128, "num_warps": 4, "PREFETCH": False},
+    (4, "head"): {"BN": 4, "BJ": 64, "num_warps": 2, "PREFETCH": False},
+    (8, "small"): {"BN": 2, "BJ": 128, "num_warps": 4, "PREFETCH": False},
+    (8, "base"): {"BN": 2, "BJ": 128, "num_warps": 4, "PREFETCH": False},
+    (8, "long"): {"BN": 4, "BJ": 128, "num_warps": 4, "PREFETCH": False},
+    (8, "head"): {"BN": 2, "BJ": 32, "num_warps": 1, "PREFETCH": False},
+}
+
+# prefill GEMM tiles for m >= 256 rows (smaller m: smaller row tiles), chosen by scripts/gpu_tune.py
+GEMM_CONFIG = {"BM": 128, "BN": 64, "BC": 2, "num_warps": 8, "num_stages": 3}
+
+
+def gemv_class(n: int, k: int) -> str:
+    """The tile class of an (n, k) matrix for the GEMV: an lm head, a long-row (down) projection, a small (k/v)
+    projection, or the rest."""
+    return "head" if n >= 16384 else "long" if k >= 4096 else "small" if n < 1024 else "base"
 
 
 @triton.jit
@@ -35,13 +58,16 @@ def _byte_to_f32(v):
 
 @triton.jit
 def _load_halves(q_ptr, rows, rmask, kc, kj, QS, kmask, KIND: tl.constexpr, MASKED: tl.constexpr):
-    """Codes of the low and high half of each chunk: two [R, C, 16] float32 tiles (QS: the code row stride).
-
-    Unmasked loads (MASKED=False: the tile lies inside the matrix) let each thread read 16 contiguous bytes."""
-    if KIND == 0:  # 4-bit: (n, k/2) bytes
-        lo_ptr = q_ptr + rows[:, None, None] * QS + (kc * 16 + kj)[None, :, :]
-        hi_ptr = lo_ptr
-    else:  # 8-bit codes or dense floats: (n, k)
+    """Unsigned codes of the low and high half of each chunk in weight order: two [R, C, 16] float32 tiles
+    (QS: the code row stride in bytes, kc: [C, 1] chunk indices, kj: [1, 16])."""
+    if KIND == 0:  # weight 4s + w: byte 4w + s//2, nibble s % 2
+        lo_ptr = q_ptr + rows[:, None, None] * QS + (kc * 16 + 4 * (kj % 4) + kj // 8)[None, :, :]
+        hi_ptr = lo_ptr + 2
+        shift = (4 * ((kj // 4) % 2))[None, :, :]
+    elif KIND == 1:  # weight 8s + w: byte 4w + s
+        lo_ptr = q_ptr + rows[:, None, None] * QS + (kc * 32 + 4 * (kj % 8) + kj // 8)[None, :, :]
+        hi_ptr = lo_ptr + 2
+    else:  # dense floats
         lo_ptr = q_ptr + rows[:, None, None] * QS + (kc * 32 + kj)[None, :, :]
         hi_ptr = lo_ptr + 16
     if MASKED:
@@ -50,16 +76,13 @@ def _load_halves(q_ptr, rows, rmask, kc, kj, QS, kmask, KIND: tl.constexpr, MASK
         b = tl.load(hi_ptr, mask=m, other=0)
     else:
         a = tl.load(lo_ptr)
-        b = a
-        if KIND != 0:
-            b = tl.load(hi_ptr)
+        b = tl.load(hi_ptr)
     if KIND == 0:
-        a = a.to(tl.int32)
-        lo = _byte_to_f32(a & 15)
-        hi = _byte_to_f32(a >> 4)
+        lo = _byte_to_f32((a.to(tl.int32) >> shift) & 15)
+        hi = _byte_to_f32((b.to(tl.int32) >> shift) & 15)
     elif KIND == 1:
-        lo = _byte_to_f32(a.to(tl.int32) + 128) - 128.0
-        hi = _byte_to_f32(b.to(tl.int32) + 128) - 128.0
+        lo = _byte_to_f32(a.to(tl.int32))
+        hi = _byte_to_f32(b.to(tl.int32))
     else:
         lo = a.to(tl.float32)
         hi = b.to(tl.float32)
@@ -86,80 +109,128 @@ def _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, g, gmask, NG, NSB
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, y_ptr, N, K, QS, stride_x, stride_y,
-                  KIND: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
-                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
-                  BN: tl.constexpr, BC: tl.constexpr, MASKED: tl.constexpr):
-    """One program: BN output features of one activation row; K walked in BC chunks of 32 weights, each seen as
-    4 quads of 4 bytes (4-bit: 8 weights; 8-bit: 4 low + 4 high). Tiles are [BN, 4*BC, 4] so codes and x share
-    one 4-wide register layout: Triton then needs no shared-memory shuffles inside the loop (a [.., 16] tile cost
-    ~20 barriers per iteration). Code·x products are summed per quad, then scaled once per quad and group."""
+def _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB, UPC: tl.constexpr,
+               G: tl.constexpr, SB: tl.constexpr, HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr,
+               HAS_MN: tl.constexpr, MASKED: tl.constexpr):
+    """The HBM reads of one K step: the [BN, BJ, 4] code words of units ``j`` and the scales and mins of their
+    low (weights 0..15) and high (16..31) groups ([BN, BJ] each; the same tiles twice when G == 32)."""
+    jmask = j < NU
+    c = j // UPC
+    qp = qrow + (j * 4)[None, :, None] + tl.arange(0, 4)[None, None, :]
+    if MASKED:
+        words = tl.load(qp, mask=rmask[:, None, None] & jmask[None, :, None], other=0)
+    else:
+        words = tl.load(qp)
+    if G == 32:
+        s0, m0 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, c, jmask, NG, NSB,
+                              G, SB, HAS_SC, HAS_MIN, HAS_MN)
+        s1 = s0
+        m1 = m0
+    else:
+        s0, m0 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, 2 * c, jmask, NG, NSB,
+                              G, SB, HAS_SC, HAS_MIN, HAS_MN)
+        s1, m1 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, 2 * c + 1, jmask, NG, NSB,
+                              G, SB, HAS_SC, HAS_MIN, HAS_MN)
+    return words, s0, m0, s1, m1
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, y_ptr, N, K, QW, stride_x, stride_y,
+                 BITS: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
+                 HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
+                 BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, PREFETCH: tl.constexpr):
+    """One program: BN output features of one activation row, K walked BJ units at a time. A unit is 4 words
+    (16 bytes: a 4-bit chunk, or half an 8-bit chunk); codes are a [BN, BJ, 4] int32 tile (QW: words per row),
+    so each thread owns whole units: one vector load per row, and for each slot a [BJ, 4] tile of x in the same
+    register layout (no shuffles, no cross-thread sums in the loop). Masks depend on the unit and row only, which
+    keeps the loads vectorised. PREFETCH: the next step's codes and scales are loaded before this step's
+    arithmetic, so HBM latency overlaps it (registers for two tiles)."""
+    UPC: tl.constexpr = BITS // 4  # units per 32-weight chunk
+    NS: tl.constexpr = 32 // BITS  # slots per word
+    CODE: tl.constexpr = (1 << BITS) - 1
+    HALF: tl.constexpr = NS // 2  # slots below HALF hold weights 0..15 of the chunk
+    SHIFT: tl.constexpr = 12 if BITS == 4 else 16
     pid = tl.program_id(0)
     m = tl.program_id(1)
     rows = pid * BN + tl.arange(0, BN)
     rmask = rows < N
-    BQ: tl.constexpr = 4 * BC
-    qd = tl.arange(0, BQ)
-    j = tl.arange(0, 4)
+    jj = tl.arange(0, BJ)
+    wj = tl.arange(0, 4)
+    NU = K // 32 * UPC
     NG = K // G
     NSB = K // SB
-    acc = tl.zeros([BN, BQ], dtype=tl.float32)
+    acc = tl.zeros([BN, BJ], dtype=tl.float32)
     xrow = x_ptr + m * stride_x
-    for q0 in range(0, K // 8, BQ):
-        qq = q0 + qd
-        c = qq // 4
-        cmask = c < K // 32
-        klo = (c * 32 + (qq % 4) * 4)[:, None] + j[None, :]  # [BQ, 4] weight index of the low half
-        km = tl.broadcast_to(cmask[:, None], (BQ, 4))
-        if MASKED:
-            xlo = tl.load(xrow + klo, mask=km, other=0)
-            xhi = tl.load(xrow + klo + 16, mask=km, other=0)
+    qrow = q_ptr + rows[:, None, None] * QW
+    if PREFETCH:
+        nwords, ns0, nm0, ns1, nm1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU, NG, NSB,
+                                                UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
+    for j0 in range(0, NU, BJ):
+        j = j0 + jj
+        jmask = j < NU
+        c = j // UPC
+        if PREFETCH:
+            words, s0, m0, s1, m1 = nwords, ns0, nm0, ns1, nm1
+            nwords, ns0, nm0, ns1, nm1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j + BJ, NU,
+                                                    NG, NSB, UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, True)
         else:
-            xlo = tl.load(xrow + klo)
-            xhi = tl.load(xrow + klo + 16)
-        if KIND == 0:
-            ptr_lo = q_ptr + rows[:, None, None] * QS + (qq * 4)[None, :, None] + j[None, None, :]
-        else:
-            ptr_lo = q_ptr + rows[:, None, None] * QS + klo[None, :, :]
-        if MASKED:
-            m3 = rmask[:, None, None] & km[None, :, :]
-            a = tl.load(ptr_lo, mask=m3, other=0)
-            b = a
-            if KIND != 0:
-                b = tl.load(ptr_lo + 16, mask=m3, other=0)
-        else:
-            a = tl.load(ptr_lo)
-            b = a
-            if KIND != 0:
-                b = tl.load(ptr_lo + 16)
-        if KIND == 0:
-            a = a.to(tl.int32)
-            lo = _byte_to_f32(a & 15)
-            hi = _byte_to_f32(a >> 4)
-        elif KIND == 1:
-            lo = _byte_to_f32(a.to(tl.int32) + 128) - 128.0
-            hi = _byte_to_f32(b.to(tl.int32) + 128) - 128.0
-        else:
-            lo = a.to(tl.float32)
-            hi = b.to(tl.float32)
-        slo = tl.sum(lo * xlo[None, :, :], axis=2)  # [BN, BQ]
-        shi = tl.sum(hi * xhi[None, :, :], axis=2)
-        if KIND == 2:
-            acc += slo + shi
-        else:
-            xslo = tl.sum(xlo, axis=1)[None, :]
-            xshi = tl.sum(xhi, axis=1)[None, :]
-            if G == 32:
-                s0, m0 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, c, cmask, NG, NSB,
-                                      G, SB, HAS_SC, HAS_MIN, HAS_MN)
-                xs = xslo + xshi
-                acc += s0 * (slo + shi - QOFF * xs) - m0 * xs
+            words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB,
+                                               UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
+        xp = xrow + (c * 32 + (j % UPC) * 4)[:, None] + wj[None, :]  # + 4*UPC*s: weight NW*s + w of the chunk
+        hi_words = words >> SHIFT
+        dot0 = tl.zeros([BN, BJ, 4], dtype=tl.float32)  # weights 0..15 (G == 16) or all 32
+        dot1 = tl.zeros([BN, BJ, 4], dtype=tl.float32)  # weights 16..31 (G == 16 only)
+        xs0 = tl.zeros([BJ, 4], dtype=tl.float32)
+        xs1 = tl.zeros([BJ, 4], dtype=tl.float32)
+        for s in tl.static_range(NS):
+            if MASKED:
+                xv = tl.load(xp + 4 * UPC * s, mask=jmask[:, None], other=0.0)
             else:
-                s0, m0 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, 2 * c, cmask, NG, NSB,
-                                      G, SB, HAS_SC, HAS_MIN, HAS_MN)
-                s1, m1 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, 2 * c + 1, cmask, NG, NSB,
-                                      G, SB, HAS_SC, HAS_MIN, HAS_MN)
-                acc += s0 * (slo - QOFF * xslo) - m0 * xslo + s1 * (shi - QOFF * xshi) - m1 * xshi
+                xv = tl.load(xp + 4 * UPC * s)
+            # the code stays in place (bits pos..pos+BITS-1) under the exponent 23 - pos: the float 2^(23-pos) + code
+            # in one LOP3; slots reaching bit 23 come from one shifted copy of the words
+            pos = BITS * s if BITS * s + BITS <= 23 else BITS * s - SHIFT
+            if BITS * s + BITS <= 23:
+                bits = (words & (CODE << pos)) | ((150 - pos) << 23)
+            else:
+                bits = (hi_words & (CODE << pos)) | ((150 - pos) << 23)
+            wv = bits.to(tl.float32, bitcast=True) - ((1 << (23 - pos)) + QOFF)
+            if G == 16 and s >= HALF:
+                dot1 += wv * xv[None, :, :]
+                if HAS_MIN:
+                    xs1 += xv
+            else:
+                dot0 += wv * xv[None, :, :]
+                if HAS_MIN:
+                    xs0 += xv
+        acc += s0 * tl.sum(dot0, axis=2)
+        if G == 16:
+            acc += s1 * tl.sum(dot1, axis=2)
+        if HAS_MIN:
+            acc -= m0 * tl.sum(xs0, axis=1)[None, :]
+            if G == 16:
+                acc -= m1 * tl.sum(xs1, axis=1)[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_RES:
+        y += tl.load(res_ptr + m * stride_y + rows, mask=rmask, other=0)
+    tl.store(y_ptr + m * stride_y + rows, y, mask=rmask)
+
+
+@triton.jit
+def _gemv_dense_kernel(x_ptr, w_ptr, res_ptr, y_ptr, N, K, WS, stride_x, stride_y, HAS_RES: tl.constexpr,
+                       BN: tl.constexpr, BK: tl.constexpr):
+    """One program: BN features of one row of x against a float16/bfloat16/float32 matrix."""
+    pid = tl.program_id(0)
+    m = tl.program_id(1)
+    rows = pid * BN + tl.arange(0, BN)
+    rmask = rows < N
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        kmask = kk < K
+        w = tl.load(w_ptr + rows[:, None] * WS + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0)
+        x = tl.load(x_ptr + m * stride_x + kk, mask=kmask, other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_RES:
         y += tl.load(res_ptr + m * stride_y + rows, mask=rmask, other=0)
@@ -238,6 +309,28 @@ def _planes(w: PackedWeight) -> tuple[torch.Tensor, ...]:
     return tuple(p if p is not None else w.q for p in (w.q, w.d, w.sc, w.dmin, w.mn))
 
 
+def _gemv(x: torch.Tensor, w: PackedWeight, out: torch.Tensor, residual: torch.Tensor | None) -> None:
+    m, k = x.shape
+    res = residual if residual is not None else out
+    if w.kind == "dense":
+        bn = 4
+        _gemv_dense_kernel[(triton.cdiv(w.n, bn), m)](x, w.q, res, out, w.n, k, w.q.stride(0), x.stride(0),
+                                                      out.stride(0), HAS_RES=residual is not None, BN=bn, BK=256,
+                                                      num_warps=4)
+        return
+    bits = 4 if w.kind == "q4" else 8
+    cfg = GEMV_CONFIG[(bits, gemv_class(w.n, k))]
+    units = k // 32 * (bits // 4)
+    bn, bj = cfg["BN"], min(cfg["BJ"], triton.next_power_of_2(units))
+    words = w.q.view(torch.int32)
+    meta = _meta(w)
+    del meta["KIND"]
+    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], res, out, w.n, k, words.stride(0), x.stride(0),
+                                            out.stride(0), BITS=bits, HAS_RES=residual is not None, BN=bn, BJ=bj,
+                                            MASKED=bool(units % bj or w.n % bn),
+                                            PREFETCH=cfg["PREFETCH"] and units > bj, num_warps=cfg["num_warps"], **meta)
+
+
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
     """``x @ W.T (+ residual)``: x (m, k) float32 contiguous rows → (m, n) float32 (written into ``out``).
@@ -249,18 +342,17 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
         out = torch.empty((m, w.n), dtype=torch.float32, device=x.device)
     res = residual if residual is not None else out
     assert res.stride(0) == out.stride(0)
-    meta = _meta(w)
     if m <= _GEMV_MAX_ROWS:
-        bn, bc = GEMV_CONFIG["BN"], GEMV_CONFIG["BC"]
-        grid = (triton.cdiv(w.n, bn), m)
-        _gemv_kernel[grid](x, *_planes(w), res, out, w.n, k, w.q.stride(0), x.stride(0), out.stride(0),
-                           HAS_RES=residual is not None, BN=bn, BC=bc, MASKED=bool(k % (32 * bc) or w.n % bn),
-                           num_warps=GEMV_CONFIG["num_warps"], **meta)
+        _gemv(x, w, out, residual)
     else:
-        bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m < 256 else 128
-        bn = 64
+        meta = _meta(w)
+        if m >= 256:
+            cfg = GEMM_CONFIG
+        else:
+            cfg = {"BM": 16 if m <= 16 else 32 if m <= 32 else 64, "BN": 64, "BC": 1, "num_warps": 4, "num_stages": 3}
+        bm, bn = cfg["BM"], cfg["BN"]
         grid = (triton.cdiv(m, bm), triton.cdiv(w.n, bn))
         _gemm_kernel[grid](x, *_planes(w), res, out, m, w.n, k, w.q.stride(0), x.stride(0), out.stride(0),
-                           HAS_RES=residual is not None, BM=bm, BN=bn, BC=1, num_warps=8 if bm == 128 else 4,
-                           num_stages=3, PRECISION="ieee" if exact else "tf32", **meta)
+                           HAS_RES=residual is not None, BM=bm, BN=bn, BC=cfg["BC"], num_warps=cfg["num_warps"],
+                           num_stages=cfg["num_stages"], PRECISION="ieee" if exact else "tf32", **meta)
     return out

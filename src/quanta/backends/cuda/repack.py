@@ -10,12 +10,14 @@ with integer codes ``q``, a float16 super-block scale ``d`` (and ``dmin``), and 
 ``sc``/``mn`` planes; Q4_1/Q5_1 store ``dmin = -m``. This keeps the GGUF numbers exactly (the fp32 products are
 formed in the kernel, as in gguf-py), but lays each plane out row-major so a program's loads are contiguous.
 
-Code planes (the repack's cost in bytes per weight, versus the GGUF block):
-  * 4-bit codes (Q4_0, Q4_1, Q4_K, Q3_K, Q2_K): two per byte; byte ``16*j + i`` of a row holds weight
-    ``32*j + i`` in its low nibble and ``32*j + 16 + i`` in its high nibble (Q4_0's own order).
+Code planes: unsigned codes (``QOFF`` is the offset of signed formats), laid out so that a thread reading one
+16- or 32-byte chunk of a row finds, in each slot of its words, weights whose activations are contiguous:
+  * 4-bit codes (Q4_0, Q4_1, Q4_K, Q3_K, Q2_K): 16 bytes per 32 weights = four little-endian 32-bit words;
+    weight ``32*c + 4*s + w`` of chunk ``c`` is nibble ``s`` (bits 4s..4s+3) of word ``w``.
     Q4_0/Q4_1: same bytes as GGUF. Q4_K: 4.625 vs 4.5 bits (sub-scales widened to a byte each).
     Q3_K: 4.5625 vs 3.4375 bits. Q2_K: 5.125 vs 2.625 bits.
-  * 8-bit codes (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0): one signed byte per weight.
+  * 8-bit codes (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0): 32 bytes per 32 weights = eight words; weight ``32*c + 8*s + w``
+    is byte ``s`` of word ``w``. Q8_0 is stored as ``q + 128`` (QOFF 128), Q6_K as its raw 6 bits (QOFF 32).
     Q8_0: 8.5 (same). Q5_0: 8.5 vs 5.5. Q5_1: 9 vs 6. Q5_K: 8.625 vs 5.5. Q6_K: 8.5625 vs 6.5625 bits.
   * F32/F16/BF16 matrices stay as they are (``kind == "dense"``).
 The repack runs with torch ops on whatever device the raw bytes are on (on the GPU at load time).
@@ -40,7 +42,7 @@ class PackedWeight:
     n: int
     k: int
     kind: str  # "q4", "q8" or "dense"
-    q: torch.Tensor  # uint8 (n, k/2) | int8 (n, k) | float (n, k)
+    q: torch.Tensor  # uint8 (n, k/2) | uint8 (n, k) | float (n, k)
     d: torch.Tensor | None = None  # float16 (n, k/SB)
     sc: torch.Tensor | None = None  # int8 (n, k/G)
     dmin: torch.Tensor | None = None  # float16 (n, k/SB)
@@ -105,8 +107,8 @@ def _decode(t: str, blocks: torch.Tensor, fmt: QuantFormat) -> dict:
         else:
             out["dmin"] = -_f16(blocks, fmt, "m")
         return out
-    if t == "Q8_0":
-        return {"q": _field(blocks, fmt, "qs").view(torch.int8), "d": _f16(blocks, fmt, "d"), "G": 32, "SB": 32}
+    if t == "Q8_0":  # int8 v as the unsigned byte v + 128
+        return {"q": _field(blocks, fmt, "qs") ^ 0x80, "d": _f16(blocks, fmt, "d"), "qoff": 128, "G": 32, "SB": 32}
     if t == "Q2_K":
         scales = _field(blocks, fmt, "scales")
         q = _shift(_field(blocks, fmt, "qs").reshape(nb, 2, 32), [0, 2, 4, 6], 2, 3).reshape(nb, 256)
@@ -130,17 +132,30 @@ def _decode(t: str, blocks: torch.Tensor, fmt: QuantFormat) -> dict:
     if t == "Q6_K":
         ql = _shift(_field(blocks, fmt, "ql").reshape(nb, 2, 64), [0, 4], 2, 0x0F).reshape(nb, 256)
         qh = _shift(_field(blocks, fmt, "qh").reshape(nb, 2, 32), [0, 2, 4, 6], 2, 0x03).reshape(nb, 256)
-        q = ((ql | (qh << 4)).to(torch.int16) - 32).to(torch.int8)
-        return {"q": q, "d": _f16(blocks, fmt, "d"), "sc": _field(blocks, fmt, "scales").view(torch.int8),
-                "G": 16, "SB": 256}
+        return {"q": ql | (qh << 4), "d": _f16(blocks, fmt, "d"), "sc": _field(blocks, fmt, "scales").view(torch.int8),
+                "qoff": 32, "G": 16, "SB": 256}
     raise AssertionError(t)
 
 
-def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """(n, k) codes 0..15 → (n, k/2) bytes in the 32-weight chunk order of the module docstring."""
+def _interleave(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """(n, k) codes → (n, k*bits/8) bytes in the chunk layout of the module docstring."""
     n, k = q.shape
-    q = q.reshape(n, k // 32, 2, 16)
-    return (q[:, :, 0, :] | (q[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
+    nw = bits  # words per 32-weight chunk
+    q = q.reshape(n, k // 32, 32 // bits, nw).transpose(2, 3)  # [.., word w, slot s] = weight nw*s + w
+    if bits == 8:
+        return q.reshape(n, k).contiguous()
+    q = q.reshape(n, k // 32, nw, 4, 2)  # slot s = 2*byte + (high nibble)
+    return (q[..., 0] | (q[..., 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def _deinterleave(w: PackedWeight) -> torch.Tensor:
+    """The packed code plane back to (n, k) unsigned codes in weight order (inverse of _interleave)."""
+    n, k = w.n, w.k
+    nw = 4 if w.kind == "q4" else 8
+    b = w.q.reshape(n, k // 32, nw, 4)
+    if w.kind == "q4":
+        b = torch.stack([b & 0x0F, b >> 4], dim=-1).reshape(n, k // 32, nw, 8)
+    return b.transpose(2, 3).reshape(n, k)
 
 
 def repack(raw: torch.Tensor, type_name: str, shape: tuple[int, int], tensor_name: str = "") -> PackedWeight:
@@ -158,7 +173,7 @@ def repack(raw: torch.Tensor, type_name: str, shape: tuple[int, int], tensor_nam
     g, sb = f["G"], f["SB"]
     q = f["q"].reshape(n, k)
     bits4 = type_name in _BITS_4
-    packed = _pack_nibbles(q) if bits4 else q.to(torch.int8).contiguous()
+    packed = _interleave(q.to(torch.uint8), 4 if bits4 else 8)
 
     def plane(x: torch.Tensor | None, per: int) -> torch.Tensor | None:
         return None if x is None else x.reshape(n, k // per).contiguous()
@@ -173,11 +188,7 @@ def dequantize_packed(w: PackedWeight) -> torch.Tensor:
     if w.kind == "dense":
         return w.q.float()
     n, k = w.n, w.k
-    if w.kind == "q4":
-        b = w.q.reshape(n, k // 32, 16)
-        q = torch.stack([b & 0x0F, b >> 4], dim=2).reshape(n, k).float()
-    else:
-        q = w.q.float()
+    q = _deinterleave(w).float()
     q = (q - w.qoff).reshape(n, k // w.group, w.group)
     per = w.super_block // w.group
     scale = w.d.float().repeat_interleave(per, dim=1)

@@ -17,23 +17,27 @@ import triton.language as tl
 def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, H, HD, HALF, NEOX: tl.constexpr,
                  BH: tl.constexpr, BR: tl.constexpr):
     t = tl.program_id(0)
-    pos = tl.load(pos_ptr + t)
     h = tl.arange(0, BH)[:, None]
     i = tl.arange(0, BR)[None, :]
     mask = (h < H) & (i < HALF)
+    base = x_ptr + t * H * HD + h * HD
+    # x first: its latency overlaps the position -> table chain
+    if NEOX:
+        a = tl.load(base + i, mask=mask, other=0.0)
+        b = tl.load(base + i + HALF, mask=mask, other=0.0)
+    else:  # adjacent pairs as one [BH, BR, 2] tile: one 8-byte access per pair instead of two strided ones
+        pair = base[:, :, None] + 2 * i[:, :, None] + tl.arange(0, 2)[None, None, :]
+        a, b = tl.split(tl.load(pair, mask=mask[:, :, None], other=0.0))
+    pos = tl.load(pos_ptr + t)
     c = tl.load(cos_ptr + pos * HALF + i, mask=i < HALF, other=1.0)
     s = tl.load(sin_ptr + pos * HALF + i, mask=i < HALF, other=0.0)
-    base = x_ptr + t * H * HD + h * HD
+    ra = a * c - b * s
+    rb = a * s + b * c
     if NEOX:
-        a_off = i
-        b_off = i + HALF
+        tl.store(base + i, ra, mask=mask)
+        tl.store(base + i + HALF, rb, mask=mask)
     else:
-        a_off = 2 * i
-        b_off = 2 * i + 1
-    a = tl.load(base + a_off, mask=mask, other=0.0)
-    b = tl.load(base + b_off, mask=mask, other=0.0)
-    tl.store(base + a_off, a * c - b * s, mask=mask)
-    tl.store(base + b_off, a * s + b * c, mask=mask)
+        tl.store(pair, tl.join(ra, rb), mask=mask[:, :, None])
 
 
 def rope_table(inv_freq: np.ndarray, n_ctx: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,90 @@
+"""Compile the decode GEMV for sm_90 on a machine without a GPU and count what matters per weight: vector
+loads, barriers, and SASS instructions of the main loop (Triton's own ptxas/cuobjdump; no device time).
+
+Usage: PYTHONPATH=src python3 scripts/gpu_ptx.py [FORMAT BN BJ WARPS [masked]]   (FORMAT: Q4_K, Q6_K, Q4_0, Q8_0)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from quanta.backends.cuda import qmatmul as qm
+
+FORMATS = {  # name: (BITS, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN)
+    "Q4_K": (4, 32, 256, 0, True, True, True), "Q6_K": (8, 16, 256, 32, True, False, False),
+    "Q4_0": (4, 32, 32, 8, False, False, False), "Q8_0": (8, 32, 32, 128, False, False, False),
+}
+
+
+def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, prefetch: bool = False):
+    bits, g, sb, qoff, has_sc, has_min, has_mn = FORMATS[fmt]
+    fn = qm._gemv_kernel
+    sig = {"x_ptr": "*fp32", "q_ptr": "*i32", "d_ptr": "*fp16", "sc_ptr": "*i8", "dmin_ptr": "*fp16",
+           "mn_ptr": "*u8", "res_ptr": "*fp32", "y_ptr": "*fp32", "N": "i32", "K": "i32", "QW": "i32",
+           "stride_x": "i32", "stride_y": "i32"}
+    consts = dict(BITS=bits, G=g, SB=sb, QOFF=qoff, HAS_SC=has_sc, HAS_MIN=has_min, HAS_MN=has_mn, HAS_RES=False,
+                  BN=bn, BJ=bj, MASKED=masked, PREFETCH=prefetch)
+    for k in consts:
+        sig[k] = "constexpr"
+    div = [["tt.divisibility", 16]]
+    attrs = {(fn.arg_names.index(a),): div for a in ("x_ptr", "q_ptr", "d_ptr", "sc_ptr", "dmin_ptr", "mn_ptr",
+                                                       "res_ptr", "y_ptr", "N", "K", "QW", "stride_x", "stride_y")}
+    src = ASTSource(fn, sig, consts, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
+
+
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
+
+
+def loop_body(code: str) -> list[str]:
+    """The SASS lines of the innermost backward branch's body (the K loop)."""
+    lines = [ln for ln in code.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    addr = [int(ln.split("/*")[1][:4], 16) for ln in lines]
+    best: list[str] = []
+    for i, ln in enumerate(lines):
+        t = re.search(r"BRA\s.*?0x([0-9a-f]+)", ln)
+        if t and int(t.group(1), 16) < addr[i] and int(t.group(1), 16) in addr:
+            body = lines[addr.index(int(t.group(1), 16)):i + 1]
+            best = body if not best or len(body) < len(best) else best
+    return best
+
+
+def report(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, prefetch: bool = False) -> None:
+    k = compile_gemv(fmt, bn, bj, warps, masked, prefetch)
+    ptx, code = k.asm["ptx"], cuobjdump(k.asm["cubin"], "--dump-sass")
+    res = re.search(r"REG:(\d+).*?STACK:(\d+)", cuobjdump(k.asm["cubin"], "--dump-resource-usage"))
+    body = loop_body(code)
+    ops: dict[str, int] = {}
+    for ln in body:
+        words = ln.split("*/")[1].strip().split()
+        op = (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+        ops[op] = ops.get(op, 0) + 1
+    # weights per thread and loop iteration: the [BN, BJ, 4] word tile over 32*warps threads
+    weights = bn * bj * 4 * (32 // FORMATS[fmt][0]) / (32 * warps)
+    top = ", ".join(f"{o}:{n}" for o, n in sorted(ops.items(), key=lambda kv: -kv[1])[:10])
+    print(f"{fmt} BN={bn} BJ={bj} W={warps} masked={masked} prefetch={prefetch}: "
+          f"regs {res.group(1)} stack {res.group(2)}, "
+          f"ld.v4 {ptx.count('ld.global.v4')}, bar {ptx.count('bar.sync')}, loop {len(body)} SASS = "
+          f"{len(body) / weights:.2f} per weight | {top}", flush=True)
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    if a:
+        report(a[0], int(a[1]), int(a[2]), int(a[3]), len(a) > 4)
+    else:
+        for fmt in FORMATS:
+            report(fmt, 2, 64, 2)
