@@ -2,14 +2,16 @@
 
 Weights stay in their GGUF bytes (a zero-copy view of the mmap: resident memory = the file's bytes). Decode
 (few activation rows) runs numba GEMV kernels that dequantize inside the dot product, parallel over output rows.
-Prefill (many rows) is compute-bound: each thread dequantizes a tile of weight rows at a time into a reused fp32
-scratch (a few MB, never the whole weight) and multiplies it with a single-threaded OpenBLAS sgemm, so each
-dequantized weight is reused by all activation rows. See docs/PERF_cpu_kernels.md for the measurements behind
-each choice.
+Prefill (many rows) is compute-bound. Fast mode (the default, with AVX512-VNNI): activations quantized to q8 per
+32 and an integer GEMM, each thread unpacking 16 weight rows at a time into VNNI-ready codes reused by every
+activation row (``kernels/gemm_q8.py``). Exact mode (and formats without an int8 path): each thread dequantizes a
+tile of weight rows into a reused fp32 scratch (a few MB, never the whole weight) and multiplies it with a
+single-threaded OpenBLAS sgemm. See docs/PERF_cpu_kernels.md for the measurements behind each choice.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,16 +19,25 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
+from quanta.backends.cpu.kernels import gemm_q8 as _gemm_q8
 from quanta.backends.cpu.kernels import openblas
 from quanta.backends.cpu.kernels import rows as _rows
+from quanta.backends.cpu.kernels.gemm_q8_pack import TILE_ROWS, UNIT
 from quanta.backends.cpu.kernels.legacy_dot_q8 import HAS_VNNI
 from quanta.quant.formats import get_format
+
+# numba's OpenMP workers spin ~300000 rounds (libgomp's default, milliseconds) after each parallel op, on the core
+# the prefill GEMM's pool thread needs next; 10000 rounds keep back-to-back decode launches hot while letting an
+# idle worker sleep. libgomp reads this once, when numba first loads it (the first parallel kernel), hence at
+# import, before any kernel runs; an explicit setting wins. Measured: docs/PERF_cpu_kernels.md step 15.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 GEMM_MIN_ROWS = 8  # from this many activation rows on, dequantize tiles + sgemm beats the GEMV kernels
 TILE_BYTES = 4 << 20  # fp32 scratch per weight tile (fits L2+L3 alongside the activations)
 # Types whose fast-mode GEMV quantizes activations to q8 (integer VNNI dots); the others stay fp32 in both modes.
 Q8_ACTIVATION_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") if HAS_VNNI else ()
+EXACT_SUM_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")  # block minimums meet the exact fp32 activation sums
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,10 +153,34 @@ def _gemm(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
     _run_parts(rows, _split(m, x.shape[0]))
 
 
+def _gemm_int8(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
+    """Fast mode: ``out = x @ dequantize(W).T`` with q8 activations and VNNI integer dots (``kernels/gemm_q8``);
+    the activation rows are quantized in parallel, then each thread takes a range of 16-row weight tiles."""
+    (n, k), m, unit = x.shape, w.shape[0], UNIT[w.type]
+    n_pad = -(-n // _gemm_q8.TOKENS) * _gemm_q8.TOKENS
+    xq = np.zeros((n_pad, k), np.int8)  # rows past n stay zero: padded tokens contribute nothing
+    xdu = np.zeros((n_pad, k // unit), np.float32)
+    xsu = np.zeros((n_pad, k // unit), np.float32)
+    exact_sums = w.type in EXACT_SUM_TYPES
+
+    def quantize(a: int, b: int) -> None:
+        _gemm_q8.quantize_activations(x[a:b], xq[a:b], unit, exact_sums, xdu[a:b], xsu[a:b])
+
+    def rows(a: int, b: int) -> None:
+        _gemm_q8.gemm_q8_rows(w.fmt, unit, w.raw2d, a * TILE_ROWS, min(m, b * TILE_ROWS), xq, xdu, xsu, n, out)
+
+    _run_parts(quantize, _split(n, n))
+    _run_parts(rows, _split(-(-m // TILE_ROWS), n))
+
+
 def _float_gemm(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
     """F32/F16/BF16 weights: one conversion, then the activation rows split over the sgemm threads."""
     wt = _float_rows(w, 0, w.shape[0]).T
     _run_parts(lambda a, b: np.matmul(x[a:b], wt, out=out[a:b]), _split(x.shape[0], x.shape[0]))
+
+
+def _is_f32_c(a: np.ndarray) -> bool:
+    return a.dtype == np.float32 and a.flags.c_contiguous
 
 
 def qmatmul(x: np.ndarray, w: QWeight, *, exact: bool = False, out: np.ndarray | None = None) -> np.ndarray:
@@ -166,10 +201,12 @@ def qmatmul(x: np.ndarray, w: QWeight, *, exact: bool = False, out: np.ndarray |
         raise ValueError(f"qmatmul: out has shape {out.shape}, expected {(n, m)}")
     if w.fmt < 0:
         _float_gemm(x, w, out)
+    elif n >= GEMM_MIN_ROWS and not exact and w.type in Q8_ACTIVATION_TYPES and _is_f32_c(out):
+        _gemm_int8(x, w, out)
     elif n >= GEMM_MIN_ROWS:
         _gemm(x, w, out)
     else:  # the GEMV kernels are compiled for C-contiguous float32 outputs only
-        target = out if out.dtype == np.float32 and out.flags.c_contiguous else np.empty((n, m), np.float32)
+        target = out if _is_f32_c(out) else np.empty((n, m), np.float32)
         if not exact and w.type in Q8_ACTIVATION_TYPES:
             _rows.gemv_q8(w.fmt, w.raw2d, x, target, min(m, _n_chunks))
         else:

@@ -1,0 +1,161 @@
+"""The op interface every backend implements: the model forward is written once against it.
+
+Arrays are backend-owned (numpy on the CPU, torch tensors on CUDA); the model only uses ``.shape`` and
+``.reshape(...)`` (a view of a contiguous array) on them, never their values. Shapes
+use rows = tokens: a batch of ``n`` tokens of width ``d`` is ``(n, d)``; per-head views are ``(n, heads, hd)``.
+Ops that take ``out=`` write into it and return it (``out=None``: the op allocates). Ops documented as
+"in place" modify their first argument and return it.
+
+Positions are a backend int32 array of the absolute positions of the ``n`` tokens of a forward (not a Python
+int), so a backend can keep them in device memory and replay a captured decode step with a new position.
+
+A backend may override :meth:`Backend.forward` as a whole (fuse ops, capture the decode step as a CUDA graph,
+compute logits only for the last position); the default runs ``model.forward`` op by op.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from quanta.gguf import TensorInfo
+    from quanta.models.base import Model
+
+Array = Any  # numpy.ndarray on the CPU, torch.Tensor on CUDA
+Weight = Any  # a backend's prepared quantized weight (GGUF blocks, possibly repacked)
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What the KV-cache arena must hold: one K and one V of ``(n_kv_heads, n_ctx, head_dim)`` per layer."""
+
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    n_ctx: int
+
+
+class Backend(ABC):
+    """A device: owns the arrays, the prepared weights, the KV-cache arena and the ops on them."""
+
+    name: str = "base"
+
+    # ---- loading ---------------------------------------------------------------------------------------------
+    @abstractmethod
+    def load_weight(self, tensor: TensorInfo) -> Weight:
+        """A 2-D GGUF tensor of shape (m, k) (rows first) ready for :meth:`matmul` and :meth:`embed`.
+
+        Kept quantized: no fp32 copy of the weight may stay resident."""
+
+    @abstractmethod
+    def load_vector(self, tensor: TensorInfo) -> Array:
+        """A small tensor (norm weights, biases) as a float32 backend array of the tensor's shape."""
+
+    @abstractmethod
+    def from_host(self, a: np.ndarray) -> Array:
+        """Copy a host array to the backend (keeps its dtype)."""
+
+    @abstractmethod
+    def to_host(self, a: Array) -> np.ndarray:
+        """A numpy copy (or view on the CPU) of a backend array."""
+
+    @abstractmethod
+    def rope_table(self, inv_freq: np.ndarray, n_ctx: int) -> Any:
+        """Precomputed cos/sin for positions 0..n_ctx-1 and the ``len(inv_freq)`` rotary frequencies
+        (inv_freq already holds any per-frequency factors and scaling)."""
+
+    @abstractmethod
+    def kv_cache(self, shape: KVShape) -> Any:
+        """The KV-cache arena, allocated once for ``shape.n_ctx`` positions; :meth:`attention` writes into it.
+
+        The returned object must support ``len(cache) == n_layers`` and ``cache[layer]`` (passed to attention)."""
+
+    @abstractmethod
+    def buffer(self, name: str, shape: tuple[int, ...]) -> Array:
+        """A float32 scratch array reused by every call with the same ``name`` (contents undefined).
+
+        The forward takes its intermediates from here, so the decode path allocates nothing once warm; a
+        buffer is valid until the next call with the same name."""
+
+    # ---- ops -------------------------------------------------------------------------------------------------
+    @abstractmethod
+    def positions(self, start: int, n: int) -> Array:
+        """The int32 positions ``start .. start+n-1`` as a backend array."""
+
+    @abstractmethod
+    def matmul(self, x: Array, w: Weight, *, out: Array | None = None) -> Array:
+        """``x @ W.T``: (n, k) float32 activations times the quantized (m, k) weight → (n, m) float32."""
+
+    @abstractmethod
+    def embed(self, w: Weight, token_ids: Array, *, out: Array | None = None) -> Array:
+        """Rows ``token_ids`` of the quantized (vocab, d) weight, dequantized → (n, d) float32."""
+
+    @abstractmethod
+    def rms_norm(self, x: Array, weight: Array, eps: float, *, out: Array | None = None) -> Array:
+        """``x / sqrt(mean(x², last axis) + eps) * weight`` over the last axis (x may be (n, d) or (n, h, hd))."""
+
+    @abstractmethod
+    def rope(self, x: Array, positions: Array, table: Any, *, neox: bool) -> Array:
+        """Rotate (n, heads, hd) in place. ``neox=False`` (NORM, llama): pairs (2i, 2i+1); ``neox=True``
+        (qwen2, gemma): pairs (i, i + rot/2). Only the first ``rot = 2 * len(inv_freq)`` dims rotate."""
+
+    @abstractmethod
+    def attention(self, q: Array, k: Array, v: Array, cache: Any, positions: Array, *, scale: float,
+                  window: int = 0, softcap: float = 0.0, out: Array | None = None) -> Array:
+        """Causal multi-head attention with the KV cache; returns (n, n_heads * hd).
+
+        q: (n, n_heads, hd); k, v: (n, n_kv_heads, hd) for the new tokens, first written to ``cache`` at
+        ``positions``. Query i attends to cached positions p with ``p <= positions[i]`` and, when ``window > 0``,
+        ``p > positions[i] - window``. GQA: query head h reads kv head ``h // (n_heads // n_kv_heads)``.
+        Scores are ``q·k * scale``, then ``softcap * tanh(s / softcap)`` when ``softcap > 0``, then softmax."""
+
+    @abstractmethod
+    def silu_mul(self, gate: Array, up: Array, *, out: Array | None = None) -> Array:
+        """``silu(gate) * up`` elementwise."""
+
+    @abstractmethod
+    def gelu_mul(self, gate: Array, up: Array, *, out: Array | None = None) -> Array:
+        """``gelu_tanh(gate) * up`` elementwise (the tanh approximation)."""
+
+    @abstractmethod
+    def add(self, a: Array, b: Array) -> Array:
+        """``a += b`` in place (b broadcasts over rows: biases)."""
+
+    @abstractmethod
+    def scale(self, x: Array, s: float) -> Array:
+        """``x *= s`` in place."""
+
+    @abstractmethod
+    def softcap(self, x: Array, cap: float) -> Array:
+        """``x = cap * tanh(x / cap)`` in place (final-logit soft-capping)."""
+
+    @abstractmethod
+    def softmax(self, x: Array) -> Array:
+        """Softmax over the last axis (new array)."""
+
+    @abstractmethod
+    def argmax(self, x: Array) -> int:
+        """Index of the largest element of a 1-D array (the greedy token)."""
+
+    @abstractmethod
+    def last_row(self, x: Array) -> Array:
+        """The last row of (n, d) as a (1, d) array (for logits of the last position only)."""
+
+    def set_threads(self, n: int) -> None:
+        """Number of CPU threads for the ops (ignored by device backends)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued work (for timing); a no-op on the CPU."""
+
+    # ---- the forward -----------------------------------------------------------------------------------------
+    def forward(self, model: Model, token_ids: np.ndarray, start: int, cache: Any, *,
+                all_logits: bool) -> Array:
+        """Logits for ``token_ids`` at positions ``start..``: (n, vocab) when ``all_logits`` else (1, vocab).
+
+        Overridable: a backend may fuse ops or capture the decode step (n == 1) as a graph."""
+        ids = self.from_host(np.ascontiguousarray(token_ids, dtype=np.int32))
+        return model.forward(ids, self.positions(start, len(token_ids)), cache, all_logits=all_logits)

@@ -1,0 +1,1 @@
+"""The CPU backend (numpy + numba)."""

@@ -1,0 +1,150 @@
+"""The CPU backend: numpy arrays, quantized matmuls from qmatmul, numba kernels for the other ops.
+
+Intermediates come from named scratch buffers that grow to the largest batch seen, so a warm decode step
+allocates no arrays of its own (qmatmul's GEMV writes into ``out``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numba
+import numpy as np
+
+from quanta.backends.base import Backend, KVShape
+from quanta.backends.cpu import attention as _attention
+from quanta.backends.cpu import ops as _ops
+from quanta.backends.cpu import qmatmul as _qmatmul
+from quanta.backends.cpu.kv_cache import CPUKVCache
+from quanta.gguf import TensorInfo
+
+BLAS_ATTENTION_MIN_ROWS = 8  # from this many queries on, sgemm over the score matrix beats the numba kernel
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, *, threads: int | None = None, exact: bool = False):
+        self.exact = exact
+        self.threads = threads or available_cores()
+        self.set_threads(self.threads)
+        self._buffers: dict[str, np.ndarray] = {}
+        self._scratch = np.zeros((0, 0), np.float32)
+
+    def set_threads(self, n: int) -> None:
+        _qmatmul.set_threads(n)
+
+    # ---- loading ---------------------------------------------------------------------------------------------
+    def load_weight(self, tensor: TensorInfo) -> _qmatmul.QWeight:
+        return _qmatmul.prepare_weight(tensor)
+
+    def load_vector(self, tensor: TensorInfo) -> np.ndarray:
+        if tensor.type == "F32":
+            return tensor.raw.view(np.float32).reshape(tensor.shape)  # zero-copy view of the mmap
+        w = _qmatmul.prepare_weight(tensor)
+        return _qmatmul.qembed(w, np.arange(w.shape[0])).reshape(tensor.shape)
+
+    def from_host(self, a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a)
+
+    def to_host(self, a: np.ndarray) -> np.ndarray:
+        return np.asarray(a)
+
+    def rope_table(self, inv_freq: np.ndarray, n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
+        angles = np.arange(n_ctx, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+    def kv_cache(self, shape: KVShape) -> CPUKVCache:
+        self._scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, shape.n_ctx), np.float32)
+        return CPUKVCache(shape)
+
+    def buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        size = math.prod(shape)
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size:
+            buf = self._buffers[name] = np.empty(size, np.float32)
+        return buf[:size].reshape(shape)
+
+    # ---- ops -------------------------------------------------------------------------------------------------
+    def positions(self, start: int, n: int) -> np.ndarray:
+        return np.arange(start, start + n, dtype=np.int32)
+
+    def matmul(self, x: np.ndarray, w: _qmatmul.QWeight, *, out: np.ndarray | None = None) -> np.ndarray:
+        return _qmatmul.qmatmul(x, w, exact=self.exact, out=out)
+
+    def embed(self, w: _qmatmul.QWeight, token_ids: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+        rows = _qmatmul.qembed(w, token_ids)
+        if out is None:
+            return rows
+        out[...] = rows
+        return out
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, *, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            out = np.empty_like(x)
+        d = x.shape[-1]
+        _ops.rms_norm_rows(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
+        return out
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, table: Any, *, neox: bool) -> np.ndarray:
+        cos, sin = table
+        _ops.rope_rows(x, positions, cos, sin, neox)
+        return x
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: Any, positions: np.ndarray, *,
+                  scale: float, window: int = 0, softcap: float = 0.0, out: np.ndarray | None = None) -> np.ndarray:
+        n, n_heads, hd = q.shape
+        if out is None:
+            out = np.empty((n, n_heads * hd), np.float32)
+        k_cache, v_cache = cache
+        if n >= BLAS_ATTENTION_MIN_ROWS:
+            _attention.attention_blas(q, k, v, k_cache, v_cache, positions, float(scale), int(window),
+                                      float(softcap), out)
+            return out
+        _attention.attention_kernel(q, k, v, k_cache, v_cache, positions, float(scale), int(window),
+                                    float(softcap), self._scratch, out)
+        return out
+
+    def silu_mul(self, gate: np.ndarray, up: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            out = np.empty_like(gate)
+        _ops.silu_mul_flat(gate.reshape(-1), up.reshape(-1), out.reshape(-1))
+        return out
+
+    def gelu_mul(self, gate: np.ndarray, up: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            out = np.empty_like(gate)
+        _ops.gelu_mul_flat(gate.reshape(-1), up.reshape(-1), out.reshape(-1))
+        return out
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        _ops.add_rows(a.reshape(-1, a.shape[-1]), b)
+        return a
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        x *= np.float32(s)
+        return x
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        np.tanh(x / np.float32(cap), out=x)
+        x *= np.float32(cap)
+        return x
+
+    def softmax(self, x: np.ndarray) -> np.ndarray:
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def argmax(self, x: np.ndarray) -> int:
+        return int(np.argmax(x))
+
+    def last_row(self, x: np.ndarray) -> np.ndarray:
+        return x[-1:]

@@ -1,0 +1,98 @@
+"""Numba kernels for the CPU backend's elementwise and row ops (everything but the matmul and attention).
+
+All take float32 C-contiguous arrays viewed as rows (n, d) and write into ``out`` (which may alias the input).
+Reductions accumulate in float32 like the references (HF in fp32, llama.cpp's ggml ops) they are tested
+against; numba's fastmath is off so results do not depend on vectorisation choices.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numba
+import numpy as np
+
+_JIT = dict(nogil=True, cache=True)
+GELU_C = math.sqrt(2.0 / math.pi)
+PARALLEL_MIN_ELEMENTS = 1 << 15  # below this, waking the thread pool costs more than it saves
+
+
+def _rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
+    n, d = x.shape
+    for i in numba.prange(n):
+        ss = np.float32(0.0)
+        for j in range(d):
+            ss += x[i, j] * x[i, j]
+        inv = np.float32(1.0 / math.sqrt(ss / d + eps))
+        for j in range(d):
+            out[i, j] = x[i, j] * inv * w[j]
+
+
+def _rope_rows(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> None:
+    """x: (n, heads, hd) in place; cos/sin: (n_ctx, rot/2). NORM pairs (2i, 2i+1); NEOX pairs (i, i+rot/2)."""
+    n, heads, _ = x.shape
+    half = cos.shape[1]
+    for t in numba.prange(n * heads):
+        i, h = t // heads, t % heads
+        p = positions[i]
+        for j in range(half):
+            a, b = (j, j + half) if neox else (2 * j, 2 * j + 1)
+            x0, x1 = x[i, h, a], x[i, h, b]
+            c, s = cos[p, j], sin[p, j]
+            x[i, h, a] = x0 * c - x1 * s
+            x[i, h, b] = x0 * s + x1 * c
+
+
+def _silu_mul_flat(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    for i in numba.prange(gate.size):
+        g = gate[i]
+        out[i] = g / (np.float32(1.0) + np.exp(-g)) * up[i]
+
+
+def _gelu_mul_flat(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    for i in numba.prange(gate.size):
+        g = gate[i]
+        out[i] = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(np.float32(GELU_C) * (g + np.float32(0.044715) * g * g * g))) * up[i]
+
+
+def _both(fn):
+    """(serial, parallel) compilations of one kernel: prange runs as range in the serial one. The parallel
+    copy gets its own qualname so numba's disk cache keeps the two apart."""
+    par = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_parallel", fn.__defaults__)
+    par.__qualname__ = fn.__qualname__ + "_parallel"
+    return numba.njit(**_JIT)(fn), numba.njit(parallel=True, **_JIT)(par)
+
+
+_RMS, _ROPE, _SILU, _GELU = (_both(f) for f in (_rms_norm_rows, _rope_rows, _silu_mul_flat, _gelu_mul_flat))
+
+
+def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
+    _RMS[x.size >= PARALLEL_MIN_ELEMENTS](x, w, eps, out)
+
+
+def rope_rows(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> None:
+    _ROPE[x.size >= PARALLEL_MIN_ELEMENTS](x, positions, cos, sin, neox)
+
+
+def silu_mul_flat(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    _SILU[gate.size >= PARALLEL_MIN_ELEMENTS](gate, up, out)
+
+
+def gelu_mul_flat(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    _GELU[gate.size >= PARALLEL_MIN_ELEMENTS](gate, up, out)
+
+
+@numba.njit(**_JIT)
+def add_rows(a: np.ndarray, b: np.ndarray) -> None:
+    """a (n, d) += b, where b is (n, d) or (d,) (a bias broadcast over rows)."""
+    n, d = a.shape
+    if b.ndim == 1:
+        for i in range(n):
+            for j in range(d):
+                a[i, j] += b[j]
+    else:
+        b2 = b.reshape(n, d)
+        for i in range(n):
+            for j in range(d):
+                a[i, j] += b2[i, j]

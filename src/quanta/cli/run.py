@@ -1,0 +1,98 @@
+"""`quanta run [-m MODEL] [PROMPT | -]`: generate text from a prompt, streamed to stdout as it is decoded.
+
+Models with a chat template (and Gemma) get the prompt as a user turn of their template unless ``--raw``.
+The model, device and sampling options are shared with `quanta chat`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+DEFAULT_PROMPT_HELP = "the prompt; '-' reads it from stdin (also when omitted and stdin is not a terminal)"
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=None, help="a GGUF path or known model name (default smollm2-135m)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available cores)")
+    p.add_argument("--n-ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
+    p.add_argument("--exact", action="store_true", help="fp32 activations (reference mode; slower)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens; 0 = off (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1 = off (default 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min-p x the top one (default 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="penalise repeated tokens; 1 = off")
+    p.add_argument("--seed", type=int, default=None, help="random seed (same seed, same text)")
+    p.add_argument("--system", default=None, help="a system message for the chat template")
+    p.add_argument("--stats", action="store_true", help="print TTFT, prefill and decode speed to stderr")
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", nargs="?", default=None, help=DEFAULT_PROMPT_HELP)
+    add_model_options(p)
+    add_sampling_options(p)
+    p.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
+    p.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
+
+
+def load_llm(args: argparse.Namespace) -> Any:
+    from quanta.api import LLM
+    from quanta.hub import resolve_model
+
+    path = resolve_model(args.model, home=getattr(args, "home", None), progress=True)
+    return LLM(path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact)
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+
+
+def uses_chat_template(llm: Any) -> bool:
+    return bool(llm.tokenizer.has_chat_template) or llm.config.arch.startswith("gemma")
+
+
+def print_stats(stats: Any) -> None:
+    print(f"\n[prompt {stats.prompt_tokens} tokens ({stats.cached_tokens} cached), generated "
+          f"{stats.completion_tokens}; TTFT {stats.ttft_s * 1000:.0f} ms, prefill {stats.prefill_tok_s:.1f} tok/s, "
+          f"decode {stats.decode_tok_s:.1f} tok/s]", file=sys.stderr)
+
+
+def stream_to_stdout(pieces: Any) -> None:
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt == "-" or (args.prompt is None and not sys.stdin.isatty()):
+        return sys.stdin.read()
+    if args.prompt is None:
+        raise ValueError("give a prompt (or '-' to read it from stdin); `quanta chat` talks interactively")
+    return args.prompt
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = read_prompt(args)
+    if args.raw and args.system:
+        raise ValueError("--system needs the chat template; drop --raw")
+    llm = load_llm(args)
+    kwargs = sampling_kwargs(args)
+    kwargs["stop"] = args.stop
+    if args.raw or not uses_chat_template(llm):
+        pieces = llm.stream(prompt, **kwargs)
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        pieces = llm.stream_chat(messages + [{"role": "user", "content": prompt}], **kwargs)
+    stream_to_stdout(pieces)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if args.stats and llm.last_result is not None:
+        print_stats(llm.last_result.stats)
+    return 0

@@ -1,0 +1,76 @@
+"""quanta.LLM: argument checking, tokenize/detokenize, chat, logits and perplexity on SmolLM2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import quanta
+from quanta.errors import QuantaError
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    return quanta.LLM(smollm2_path, n_ctx=512)
+
+
+def test_exported():
+    from quanta.api import LLM
+
+    assert quanta.LLM is LLM
+
+
+def test_tokenize_roundtrip(llm):
+    ids = llm.tokenize("Hello world")
+    assert all(isinstance(i, int) for i in ids)
+    assert llm.detokenize(ids) == "Hello world"
+
+
+@pytest.mark.parametrize("kw", [{"max_tokens": -1}, {"temperature": -1.0}, {"top_p": 2.0}, {"top_k": "5"},
+                                {"stop": [1]}, {"min_p": 1.5}, {"max_tokens": 1.5}])
+def test_bad_generate_arguments(llm, kw):
+    with pytest.raises(ValueError):
+        llm.generate("Hi", **kw)
+
+
+def test_bad_prompts(llm):
+    with pytest.raises(ValueError):
+        llm.generate(3.5)
+    with pytest.raises(ValueError, match="token ids"):
+        llm.generate([1, -4])
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([])
+    with pytest.raises(ValueError):
+        llm.chat("not a list")
+
+
+def test_bad_constructor_arguments(smollm2_path):
+    with pytest.raises(ValueError, match="n_ctx"):
+        quanta.LLM(smollm2_path, n_ctx=0)
+    with pytest.raises(ValueError, match="device"):
+        quanta.LLM(smollm2_path, device="tpu")
+    with pytest.raises((QuantaError, FileNotFoundError)):
+        quanta.LLM("no-such-model")
+
+
+def test_chat_and_stream_chat(llm):
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    r = llm.chat(msgs, max_tokens=16, temperature=0)
+    assert r.text and r.finish_reason in ("stop", "length")
+    llm.kv.reset()  # same path as the first call (prefill of the whole prompt, no reused prefix)
+    assert "".join(llm.chat(msgs, stream=True, max_tokens=16, temperature=0)) == r.text
+    assert llm.chat_prompt(msgs) == llm.tokenizer.encode_chat(msgs)
+
+
+def test_perplexity_is_plausible(llm):
+    natural = llm.perplexity("The cat sat on the mat. The dog lay down by the fire and went to sleep.")
+    shuffled = llm.perplexity("mat fire The the. sleep lay cat by on and The went dog to sat down the.")
+    assert 1 < natural < shuffled
+
+
+def test_logits_teacher_forcing_consistent_with_generation(llm):
+    ids = llm.tokenize("One, two, three,")
+    logits = llm.logits(ids)
+    assert logits.shape == (len(ids), llm.model.n_vocab) and np.isfinite(logits).all()
+    r = llm.generate(ids, max_tokens=1, temperature=0, ignore_eos=True)
+    assert r.token_ids == [int(logits[-1].argmax())]
