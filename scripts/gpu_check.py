@@ -102,7 +102,7 @@ def random_raw(t: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
 @section("kernels vs torch float64 on the GPU")
 def kernel_checks(rows: tuple[int, ...] = (1, 3, 77)) -> None:
     from quanta.backends.cuda.qmatmul import qmatmul
-    from quanta.backends.cuda.repack import dequantize_packed, repack
+    from quanta.backends.cuda.repack import dequantize_packed, fuse, repack
     from quanta.backends.cuda.embed import embed
 
     rng = np.random.default_rng(0)
@@ -123,6 +123,20 @@ def kernel_checks(rows: tuple[int, ...] = (1, 3, 77)) -> None:
                 err = ((y.double() - ref).norm() / ref.norm()).item()
                 key = f"{t} m={m}{' ieee' if exact else ''}"
                 worst[key] = err
+        # fused split-output matmul (Q|K|V-like: three stacked matrices, biases on two) against the same reference
+        parts = [w] + [repack(torch.from_numpy(random_raw(t, 256, k, rng)).cuda(), t, (256, k)) for _ in range(2)]
+        biases = [torch.randn(p.n, device="cuda") for p in parts]
+        biases[1] = None
+        fused = fuse(parts, biases)
+        for m in rows:
+            x = torch.randn(m, k, device="cuda")
+            outs = [torch.full((m, p.n), float("nan"), device="cuda") for p in parts]
+            qmatmul(x, fused.packed, bias=fused.bias, outs=outs)
+            err = 0.0
+            for p, b, y in zip(parts, biases, outs):
+                ref = x.double() @ dequantize_packed(p).double().T + (0 if b is None else b.double())
+                err = max(err, ((y.double() - ref).norm() / ref.norm()).item())
+            worst[f"{t} m={m} fused"] = err
         if rows == (1,):  # quick: the GEMV only
             continue
         ids = torch.tensor([0, 999, 17], dtype=torch.int32, device="cuda")
@@ -153,11 +167,14 @@ def tiny_models() -> list[tuple[str, Path]]:
 
     mixed = {"attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "ffn_gate": "Q4_0", "ffn_up": "Q5_1",
              "ffn_down": "Q4_1", "attn_output": "Q5_0"}
+    qk_fused = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
+                "ffn_down": "Q6_K"}  # as in Q4_K_M files: q|k and gate|up fused, v alone
     out = []
-    for arch, types in (("llama", mixed), ("qwen2", {"token_embd": "Q8_0"}), ("gemma3", {"token_embd": "F16"})):
-        p = write_tiny_model(WORK / f"tiny-{arch}.gguf", arch, types=types, d_model=256, d_ff=512, vocab=512,
+    for name, arch, types in (("llama", "llama", mixed), ("llama-qkfused", "llama", qk_fused),
+                              ("qwen2", "qwen2", {"token_embd": "Q8_0"}), ("gemma3", "gemma3", {"token_embd": "F16"})):
+        p = write_tiny_model(WORK / f"tiny-{name}.gguf", arch, types=types, d_model=256, d_ff=512, vocab=512,
                              n_layers=3)
-        out.append((f"tiny-{arch}", p))
+        out.append((f"tiny-{name}", p))
     return out
 
 
@@ -243,10 +260,19 @@ def tune() -> None:
 
 def bytes_per_token(model) -> int:
     total = 0
-    for layer in model.layers:
-        for m in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
-            total += getattr(layer, m).nbytes
+    for layer in model.layers:  # q/k/v and gate/up are Projections: fused (one stacked matrix) or single
+        total += sum(p.weight.nbytes for p in layer.qkv + layer.gate_up)
+        total += layer.attn_output.nbytes + layer.ffn_down.nbytes
     return total + model.output.nbytes
+
+
+def launches_per_layer(model) -> dict:
+    """How the layers' projections were fused: {"qkv": [names per matmul], "gate_up": [...]} of layer 0, and the
+    number of distinct groupings over all layers."""
+    shapes = {(tuple(p.names for p in L.qkv), tuple(p.names for p in L.gate_up)) for L in model.layers}
+    first = model.layers[0]
+    return dict(qkv=[list(p.names) for p in first.qkv], gate_up=[list(p.names) for p in first.gate_up],
+                groupings=len(shapes), qkv_matmuls_total=sum(len(L.qkv) for L in model.layers))
 
 
 @section("benchmarks")
@@ -287,7 +313,8 @@ def bench(models: list[tuple[str, Path]], bw: float, n_decode: int = 128) -> Non
         pf = cuda_time(lambda: be.forward(model, prompt512, 0, cache, all_logits=False), reps=5, warmup=2)
         roof = bw / nbytes
         row = dict(model=name, bytes_per_token=nbytes, decode_tok_s=d0, decode_pct_roofline=100 * d0 / roof,
-                   decode_depth1024_tok_s=d1k, depth_ratio=d1k / d0, prefill512_tok_s=512 / pf, load_s=load_s)
+                   decode_depth1024_tok_s=d1k, depth_ratio=d1k / d0, prefill512_tok_s=512 / pf, load_s=load_s,
+                   fusion=launches_per_layer(model))
         # per-kernel breakdown of one eager decode step, near the benchmark's depth and after 1,100 tokens
         try:
             from torch.profiler import ProfilerActivity, profile
@@ -299,9 +326,12 @@ def bench(models: list[tuple[str, Path]], bw: float, n_decode: int = 128) -> Non
                         be.forward(model, np.asarray([7], np.int32), pos, cache, all_logits=False)
                     torch.cuda.synchronize()
                 agg: dict[str, float] = {}
+                launches = 0
                 for ev in prof.key_averages():
                     if ev.device_time_total > 0:
                         agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total / 5
+                        launches += ev.count
+                row[f"launches_per_token@{pos}"] = launches / 5
                 row[f"kernel_us_per_token@{pos}"] = {k: round(v, 1) for k, v in
                                                      sorted(agg.items(), key=lambda kv: -kv[1])[:12]}
                 row[f"kernel_total_us@{pos}"] = sum(agg.values())
@@ -312,7 +342,8 @@ def bench(models: list[tuple[str, Path]], bw: float, n_decode: int = 128) -> Non
         RESULTS.setdefault("bench", []).append(row)
         SUMMARY.append(f"{name:26s} decode {d0:7.0f} tok/s ({row['decode_pct_roofline']:.1f}% of roofline, "
                        f"{nbytes / 1e6:.0f} MB/token), @1024 {d1k:7.0f} ({100 * d1k / d0:.0f}%), "
-                       f"prefill-512 {512 / pf:8.0f} tok/s, load {load_s:.1f}s")
+                       f"prefill-512 {512 / pf:8.0f} tok/s, load {load_s:.1f}s, "
+                       f"launches/token {row.get('launches_per_token@100', '?')}, qkv {row['fusion']['qkv']}")
         del model, cache, be
         g.close()
         torch.cuda.empty_cache()
@@ -392,6 +423,9 @@ def prefill_profile(path: Path) -> None:
     g.close()
 
 
+BENCH_PRESETS = (("tinyllama-1.1b", "Q4_K_M"), ("llama-3.2-1b", "Q4_K_M"), ("qwen2.5-1.5b", "Q4_0"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="kernels,compare,tune,bench,ttft,prefillprof,compare2")
@@ -403,6 +437,8 @@ def main() -> None:
     bw = bandwidth() or 4.3e12
     if "kernels" in only:
         kernel_checks((1,) if args.quick else (1, 3, 77))
+    if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
+        bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)
     if "compare" in only:  # tiny models of three architectures and synthetic SmolLM2 against the CPU exact mode
         models = tiny_models()
         if args.real:
@@ -412,7 +448,7 @@ def main() -> None:
         compare(models)
     bench_models = []
     if "bench" in only:
-        for preset, ft in (("tinyllama-1.1b", "Q4_K_M"), ("llama-3.2-1b", "Q4_K_M"), ("qwen2.5-1.5b", "Q4_0")):
+        for preset, ft in BENCH_PRESETS:
             bench_models.append((f"{preset} {ft}", synth(preset, ft)))
     if "tune" in only:
         tune()

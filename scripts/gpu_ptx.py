@@ -28,10 +28,11 @@ def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, p
     bits, g, sb, qoff, has_sc, has_min, has_mn = FORMATS[fmt]
     fn = qm._gemv_kernel
     sig = {"x_ptr": "*fp32", "q_ptr": "*i32", "d_ptr": "*fp16", "sc_ptr": "*i8", "dmin_ptr": "*fp16",
-           "mn_ptr": "*u8", "res_ptr": "*fp32", "y_ptr": "*fp32", "N": "i32", "K": "i32", "QW": "i32",
+           "mn_ptr": "*u8", "res_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*fp32", "y1_ptr": "*fp32",
+           "y2_ptr": "*fp32", "N": "i32", "N1": "i32", "N2": "i32", "K": "i32", "QW": "i32",
            "stride_x": "i32", "stride_y": "i32"}
     consts = dict(BITS=bits, G=g, SB=sb, QOFF=qoff, HAS_SC=has_sc, HAS_MIN=has_min, HAS_MN=has_mn, HAS_RES=False,
-                  BN=bn, BJ=bj, MASKED=masked, PREFETCH=prefetch)
+                  HAS_BIAS=False, SPLIT=False, BN=bn, BJ=bj, MASKED=masked, PREFETCH=prefetch)
     for k in consts:
         sig[k] = "constexpr"
     div = [["tt.divisibility", 16]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import gguf as gguf_py
 import pytest
@@ -90,3 +91,18 @@ def test_bad_arguments_are_one_line_errors(argv, capsys):
     assert main(["bench", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("quanta: error:") and "Traceback" not in err
+
+
+def test_op_timers_count_composite_ops_once():
+    class Backend:
+        def rope(self, x):
+            time.sleep(0.01)
+
+        def rope_qk(self, q, k):
+            self.rope(q)
+            self.rope(k)
+
+    b = Backend()
+    with op_timers(b) as totals:
+        b.rope_qk(1, 2)
+    assert set(totals) == {"rope_qk"} and totals["rope_qk"] >= 0.02

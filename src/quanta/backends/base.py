@@ -87,31 +87,58 @@ class Backend(ABC):
         """The int32 positions ``start .. start+n-1`` as a backend array."""
 
     @abstractmethod
-    def matmul(self, x: Array, w: Weight, *, out: Array | None = None) -> Array:
-        """``x @ W.T``: (n, k) float32 activations times the quantized (m, k) weight → (n, m) float32."""
+    def matmul(self, x: Array, w: Weight, *, out: Array | None = None, residual: Array | None = None,
+               bias: Array | None = None) -> Array:
+        """``x @ W.T (+ bias) (+ residual)``: (n, k) float32 activations times the quantized (m, k) weight →
+        (n, m) float32. ``bias`` is (m,); ``residual`` is (n, m) and may be ``out`` itself (``out += x @ W.T``)."""
+
+    def fuse(self, weights: list[Weight], biases: list[Array | None]) -> Weight | None:
+        """One weight whose rows are ``weights``' rows stacked (same input width; with their biases, if any), for
+        :meth:`matmul_split`; None when this backend cannot or gains nothing (the default; e.g. formats differ).
+
+        A backend that fuses keeps no second copy: the caller drops the separate weights."""
+        return None
+
+    def matmul_split(self, x: Array, w: Weight, outs: list[Array]) -> list[Array]:
+        """``x @ W.T (+ bias)`` of a :meth:`fuse`d weight, its column blocks written to ``outs`` ((n, m_i) each,
+        in the order of the fused weights). Only called on weights :meth:`fuse` returned."""
+        raise NotImplementedError(f"the {self.name} backend does not fuse weights")
 
     @abstractmethod
     def embed(self, w: Weight, token_ids: Array, *, out: Array | None = None) -> Array:
         """Rows ``token_ids`` of the quantized (vocab, d) weight, dequantized → (n, d) float32."""
 
     @abstractmethod
-    def rms_norm(self, x: Array, weight: Array, eps: float, *, out: Array | None = None) -> Array:
-        """``x / sqrt(mean(x², last axis) + eps) * weight`` over the last axis (x may be (n, d) or (n, h, hd))."""
+    def rms_norm(self, x: Array, weight: Array, eps: float, *, out: Array | None = None,
+                 residual: Array | None = None) -> Array:
+        """``x / sqrt(mean(x², last axis) + eps) * weight`` over the last axis (x may be (n, d) or (n, h, hd)).
+
+        With ``residual`` (x's shape), first ``x += residual`` in place: the residual stream and its norm."""
 
     @abstractmethod
     def rope(self, x: Array, positions: Array, table: Any, *, neox: bool) -> Array:
         """Rotate (n, heads, hd) in place. ``neox=False`` (NORM, llama): pairs (2i, 2i+1); ``neox=True``
         (qwen2, gemma): pairs (i, i + rot/2). Only the first ``rot = 2 * len(inv_freq)`` dims rotate."""
 
+    def rope_qk(self, q: Array, k: Array, positions: Array, table: Any, *, neox: bool, v: Array | None = None,
+                cache: Any = None) -> bool:
+        """:meth:`rope` of the queries and the keys (one pass on a device). With ``v`` and ``cache``, a backend
+        may also store the rotated k and v at ``positions`` of ``cache``: it returns True when it did (then
+        :meth:`attention` gets ``k = v = None``). The default rotates only and returns False."""
+        self.rope(q, positions, table, neox=neox)
+        self.rope(k, positions, table, neox=neox)
+        return False
+
     @abstractmethod
-    def attention(self, q: Array, k: Array, v: Array, cache: Any, positions: Array, *, scale: float,
+    def attention(self, q: Array, k: Array | None, v: Array | None, cache: Any, positions: Array, *, scale: float,
                   window: int = 0, softcap: float = 0.0, out: Array | None = None) -> Array:
         """Causal multi-head attention with the KV cache; returns (n, n_heads * hd).
 
         q: (n, n_heads, hd); k, v: (n, n_kv_heads, hd) for the new tokens, first written to ``cache`` at
-        ``positions``. Query i attends to cached positions p with ``p <= positions[i]`` and, when ``window > 0``,
-        ``p > positions[i] - window``. GQA: query head h reads kv head ``h // (n_heads // n_kv_heads)``.
-        Scores are ``q·k * scale``, then ``softcap * tanh(s / softcap)`` when ``softcap > 0``, then softmax."""
+        ``positions`` (None: :meth:`rope_qk` already stored them). Query i attends to cached positions p with
+        ``p <= positions[i]`` and, when ``window > 0``, ``p > positions[i] - window``. GQA: query head h reads kv
+        head ``h // (n_heads // n_kv_heads)``. Scores are ``q·k * scale``, then ``softcap * tanh(s / softcap)``
+        when ``softcap > 0``, then softmax."""
 
     @abstractmethod
     def silu_mul(self, gate: Array, up: Array, *, out: Array | None = None) -> Array:

@@ -6,6 +6,7 @@ interface (quanta.backends.base.Backend); nothing here touches array values dire
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +19,23 @@ from quanta.models.config import ModelConfig
 
 # per-layer tensors every decoder layer has (``blk.{i}.{name}.weight``)
 ATTN_FFN_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+QKV = ("attn_q", "attn_k", "attn_v")  # projections of the same normed input: candidates for one fused matmul
+GATE_UP = ("ffn_gate", "ffn_up")
+BIAS_OF = {"attn_q": "bq", "attn_k": "bk", "attn_v": "bv"}  # optional bias attributes (qwen2)
+
+
+@dataclass
+class Projection:
+    """One matmul of a shared input: a single weight (with its optional bias) or several the backend fused."""
+
+    weight: Any
+    names: tuple[str, ...]
+    fused: bool
+    bias: Array | None = None  # single weights only: a fused weight carries its biases
+
+
+def _bias(layer: SimpleNamespace, matrix: str) -> Array | None:
+    return getattr(layer, BIAS_OF[matrix], None) if matrix in BIAS_OF else None
 
 
 def rope_inv_freq(base: float, rope_dim: int, scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:
@@ -43,7 +61,7 @@ class Model:
         lm_head = "output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"
         self.output = self.tok_embd if lm_head == "token_embd.weight" else self.matrix(lm_head)
         self.n_vocab = self.tensor(lm_head).shape[0]
-        self.layers = [self.load_layer(i) for i in range(config.n_layers)]
+        self.layers = [self.fuse_layer(self.load_layer(i)) for i in range(config.n_layers)]
 
     # ---- loading ---------------------------------------------------------------------------------------------
     def tensor(self, name: str) -> TensorInfo:
@@ -66,6 +84,40 @@ class Model:
         layer.ffn_norm = self.vector(p + "ffn_norm.weight")
         return layer
 
+    def fuse_layer(self, layer: SimpleNamespace) -> SimpleNamespace:
+        """Group the Q/K/V and gate/up matrices into as few matmuls as the backend can fuse (``layer.qkv``,
+        ``layer.gate_up``: lists of :class:`Projection`); fused matrices replace the separate ones."""
+        layer.qkv = self.projections(layer, QKV)
+        layer.gate_up = self.projections(layer, GATE_UP)
+        return layer
+
+    def projections(self, layer: SimpleNamespace, names: tuple[str, ...]) -> list[Projection]:
+        """Greedy: the longest run of consecutive ``names`` the backend fuses (formats must match), else one."""
+        groups, i = [], 0
+        while i < len(names):
+            for j in range(len(names), i + 1, -1):
+                run = names[i:j]
+                w = self.backend.fuse([getattr(layer, n) for n in run], [_bias(layer, n) for n in run])
+                if w is not None:
+                    groups.append(Projection(w, run, True))
+                    for n in run:
+                        delattr(layer, n)
+                    break
+            else:
+                j = i + 1
+                groups.append(Projection(getattr(layer, names[i]), names[i:j], False, _bias(layer, names[i])))
+            i = j
+        return groups
+
+    def project(self, h: Array, groups: list[Projection], outs: dict[str, Array]) -> None:
+        """``outs[name] = h @ W_name.T (+ bias)`` for every matrix of ``groups``."""
+        ops = self.backend
+        for g in groups:
+            if g.fused:
+                ops.matmul_split(h, g.weight, [outs[n] for n in g.names])
+            else:
+                ops.matmul(h, g.weight, out=outs[g.names[0]], bias=g.bias)
+
     def kv_shape(self) -> KVShape:
         c = self.config
         if c.value_dim != c.head_dim:
@@ -74,40 +126,44 @@ class Model:
 
     # ---- shared pieces of the forward ------------------------------------------------------------------------
     def qkv(self, h: Array, layer: SimpleNamespace) -> tuple[Array, Array, Array]:
-        """Projections of the normed input, reshaped to (n, heads, head_dim)."""
+        """Projections of the normed input (biases included), reshaped to (n, heads, head_dim)."""
         ops, c, n = self.backend, self.config, h.shape[0]
-        q = ops.matmul(h, layer.attn_q, out=ops.buffer("q", (n, c.n_heads * c.head_dim)))
-        k = ops.matmul(h, layer.attn_k, out=ops.buffer("k", (n, c.n_kv_heads * c.head_dim)))
-        v = ops.matmul(h, layer.attn_v, out=ops.buffer("v", (n, c.n_kv_heads * c.head_dim)))
-        for a, bias in ((q, getattr(layer, "bq", None)), (k, getattr(layer, "bk", None)),
-                        (v, getattr(layer, "bv", None))):
-            if bias is not None:
-                ops.add(a, bias)
+        q = ops.buffer("q", (n, c.n_heads * c.head_dim))
+        k = ops.buffer("k", (n, c.n_kv_heads * c.head_dim))
+        v = ops.buffer("v", (n, c.n_kv_heads * c.head_dim))
+        self.project(h, layer.qkv, {"attn_q": q, "attn_k": k, "attn_v": v})
         return (q.reshape(n, c.n_heads, c.head_dim), k.reshape(n, c.n_kv_heads, c.head_dim),
                 v.reshape(n, c.n_kv_heads, c.head_dim))
 
     def attend(self, q: Array, k: Array, v: Array, layer_cache: Any, positions: Array, layer: SimpleNamespace,
-               *, window: int = 0) -> Array:
-        """Attention over the cache, then the output projection → (n, d_model)."""
+               rope: Any, *, window: int = 0, residual: Array | None = None) -> Array:
+        """Rope of q and k, attention over the cache, then the output projection → (n, d_model), added into
+        ``residual`` (in place) when given."""
         ops, c, n = self.backend, self.config, q.shape[0]
+        stored = ops.rope_qk(q, k, positions, rope, neox=self.neox_rope, v=v, cache=layer_cache)
+        if stored:
+            k = v = None
         o = ops.attention(q, k, v, layer_cache, positions, scale=c.attn_scale, window=window,
                           softcap=c.attn_softcap, out=ops.buffer("attn", (n, c.n_heads * c.head_dim)))
-        return ops.matmul(o, layer.attn_output, out=ops.buffer("attn_out", (n, c.d_model)))
+        out = residual if residual is not None else ops.buffer("attn_out", (n, c.d_model))
+        return ops.matmul(o, layer.attn_output, out=out, residual=residual)
 
-    def ffn(self, h: Array, layer: SimpleNamespace, *, gelu: bool = False) -> Array:
-        """Gated feed-forward: ``down(act(gate(h)) * up(h))`` → (n, d_model)."""
+    def ffn(self, h: Array, layer: SimpleNamespace, *, gelu: bool = False, residual: Array | None = None) -> Array:
+        """Gated feed-forward ``down(act(gate(h)) * up(h))`` → (n, d_model), added into ``residual`` when given."""
         ops, c, n = self.backend, self.config, h.shape[0]
-        gate = ops.matmul(h, layer.ffn_gate, out=ops.buffer("gate", (n, c.d_ff)))
-        up = ops.matmul(h, layer.ffn_up, out=ops.buffer("up", (n, c.d_ff)))
+        gate, up = ops.buffer("gate", (n, c.d_ff)), ops.buffer("up", (n, c.d_ff))
+        self.project(h, layer.gate_up, {"ffn_gate": gate, "ffn_up": up})
         act = (ops.gelu_mul if gelu else ops.silu_mul)(gate, up, out=gate)
-        return ops.matmul(act, layer.ffn_down, out=ops.buffer("ffn_out", (n, c.d_model)))
+        out = residual if residual is not None else ops.buffer("ffn_out", (n, c.d_model))
+        return ops.matmul(act, layer.ffn_down, out=out, residual=residual)
 
-    def logits(self, x: Array, all_logits: bool) -> Array:
-        """Final norm and lm head (only the last row unless ``all_logits``)."""
+    def logits(self, x: Array, all_logits: bool, residual: Array | None = None) -> Array:
+        """Final norm (of ``x + residual`` when given) and lm head (only the last row unless ``all_logits``)."""
         ops, c = self.backend, self.config
         if not all_logits:
             x = ops.last_row(x)
-        h = ops.rms_norm(x, self.output_norm, c.norm_eps, out=ops.buffer("h_out", tuple(x.shape)))
+            residual = ops.last_row(residual) if residual is not None else None
+        h = ops.rms_norm(x, self.output_norm, c.norm_eps, out=ops.buffer("h_out", tuple(x.shape)), residual=residual)
         out = ops.matmul(h, self.output, out=ops.buffer("logits", (x.shape[0], self.n_vocab)))
         if c.final_softcap > 0:
             ops.softcap(out, c.final_softcap)

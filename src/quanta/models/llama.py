@@ -31,9 +31,7 @@ class Llama(Model):
         for i, layer in enumerate(self.layers):
             h = ops.rms_norm(x, layer.attn_norm, c.norm_eps, out=h_buf)
             q, k, v = self.qkv(h, layer)
-            ops.rope(q, positions, self.rope, neox=self.neox_rope)
-            ops.rope(k, positions, self.rope, neox=self.neox_rope)
-            ops.add(x, self.attend(q, k, v, cache[i], positions, layer))
+            self.attend(q, k, v, cache[i], positions, layer, self.rope, residual=x)
             h = ops.rms_norm(x, layer.ffn_norm, c.norm_eps, out=h_buf)
-            ops.add(x, self.ffn(h, layer))
+            self.ffn(h, layer, residual=x)
         return self.logits(x, all_logits)

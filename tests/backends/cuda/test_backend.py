@@ -32,8 +32,15 @@ def _run(backend, path: Path, prompt: list[int], n_new: int):
     return prefill, out
 
 
+# MIXED: no two matrices share a format (nothing fused); QK_FUSED: q|k fused with v (Q6_K) alone, as in Q4_K_M
+# files, and gate|up fused; qwen2 and gemma3 (all Q8_0): q|k|v (with biases) and gate|up fused
+QK_FUSED = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
+            "ffn_down": "Q6_K"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,types", [("llama", MIXED), ("qwen2", {}), ("gemma3", {"token_embd": "F16"})])
+@pytest.mark.parametrize("arch,types", [("llama", MIXED), ("llama", QK_FUSED), ("qwen2", {}),
+                                        ("gemma3", {"token_embd": "F16"})])
 def test_forward_matches_cpu_exact(arch: str, types: dict, tmp_path: Path, device: str) -> None:
     from quanta.backends.cuda.backend import CUDABackend
 
@@ -54,3 +61,16 @@ def test_graph_decode_equals_eager(tmp_path: Path) -> None:
     _, eager = _run(CUDABackend("cuda", graphs=False), path, [3, 4, 5], 8)
     _, graph = _run(CUDABackend("cuda"), path, [3, 4, 5], 8)
     assert graph == eager
+
+
+def test_fusion_groups_follow_formats(tmp_path: Path, device: str) -> None:
+    from quanta.backends.cuda.backend import CUDABackend
+
+    path = write_tiny_model(tmp_path / "llama.gguf", "llama", types=QK_FUSED, d_model=256, d_ff=256, n_layers=1)
+    g = gguf.open(path)
+    layer = load_model(g, CUDABackend(device), 32).layers[0]
+    assert [p.names for p in layer.qkv] == [("attn_q", "attn_k"), ("attn_v",)]
+    assert [p.names for p in layer.gate_up] == [("ffn_gate", "ffn_up")]
+    assert not hasattr(layer, "attn_q") and hasattr(layer, "attn_v")  # no second copy of a fused matrix
+    cpu_layer = load_model(g, CPUBackend(), 32).layers[0]
+    assert [p.names for p in cpu_layer.qkv] == [("attn_q",), ("attn_k",), ("attn_v",)]

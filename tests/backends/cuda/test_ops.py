@@ -70,3 +70,31 @@ def test_argmax_takes_the_first_maximum(device: str) -> None:
     x[4321] = x[777] = 50.0  # a tie across blocks: numpy's answer is the first
     am = Argmax(x.size, torch.device(device))
     assert int(am(_t(x, device)).item()) == int(np.argmax(x)) == 777
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_qk_rotates_both_and_stores_the_cache(neox: bool, device: str) -> None:
+    """One launch: q and k rotated like two rope() calls (the reference above), k and v stored in the cache at
+    their positions (the unrotated tail dims too: rot < hd)."""
+    rng = np.random.default_rng(3)
+    n, hq, hk, hd, rot, n_ctx = 3, 4, 2, 16, 12, 40
+    q, k, v = (rng.standard_normal((n, h, hd)).astype(np.float32) for h in (hq, hk, hk))
+    pos = np.array([2, 9, 33], np.int32)
+    inv_freq = (1.0 / 10000 ** (np.arange(0, rot, 2) / rot)).astype(np.float32)
+    table = rope.rope_table(inv_freq, n_ctx, torch.device(device))
+    post = torch.from_numpy(pos).to(device)
+    want_q, want_k = _t(q, device), _t(k, device)
+    rope.rope(want_q, post, table, neox)
+    rope.rope(want_k, post, table, neox)
+    qt, kt, vt = _t(q, device), _t(k, device), _t(v, device)
+    kc, vc = torch.zeros((hk, n_ctx, hd), device=device), torch.zeros((hk, n_ctx, hd), device=device)
+    rope.rope_qk(qt, kt, post, table, neox, v=vt, cache=(kc, vc))
+    np.testing.assert_array_equal(qt.cpu().numpy(), want_q.cpu().numpy())
+    np.testing.assert_array_equal(kt.cpu().numpy(), want_k.cpu().numpy())
+    np.testing.assert_array_equal(kc.cpu().numpy()[:, pos].transpose(1, 0, 2), want_k.cpu().numpy())
+    np.testing.assert_array_equal(vc.cpu().numpy()[:, pos].transpose(1, 0, 2), v)
+    others = np.setdiff1d(np.arange(n_ctx), pos)
+    assert not kc.cpu().numpy()[:, others].any() and not vc.cpu().numpy()[:, others].any()
+    qt2, kt2 = _t(q, device), _t(k, device)
+    rope.rope_qk(qt2, kt2, post, table, neox)  # without a cache: rotation only
+    np.testing.assert_array_equal(kt2.cpu().numpy(), want_k.cpu().numpy())

@@ -72,3 +72,47 @@ def test_gemv_tile_configs(type_name: str, bn: int, bj: int, warps: int, prefetc
         got = qmatmul(torch.from_numpy(x).to(device), w).cpu().numpy()
         want = x.astype(np.float64) @ ref_w.T
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0", "F16"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_fused_split_outputs_with_biases(type_name: str, m: int, device: str) -> None:
+    """Three matrices stacked by rows, one launch: each column block lands in its own array, with its bias."""
+    from quanta.backends.cuda.repack import fuse
+
+    k, widths = 256, (40, 16, 24)
+    parts = [_weight(type_name, n, k, device, seed=10 + i) for i, n in enumerate(widths)]
+    rng = np.random.default_rng(m)
+    biases = [rng.standard_normal(n).astype(np.float32) for n in widths]
+    biases[1] = None
+    fused = fuse([w for w, _ in parts], [None if b is None else torch.from_numpy(b).to(device) for b in biases])
+    assert fused is not None and fused.widths == widths and fused.nbytes == sum(w.nbytes for w, _ in parts)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    outs = [torch.full((m, n), float("nan"), device=device) for n in widths]
+    qmatmul(torch.from_numpy(x).to(device), fused.packed, bias=fused.bias, outs=outs, exact=True)
+    for (_, ref_w), b, got in zip(parts, biases, outs):
+        want = x.astype(np.float64) @ ref_w.T + (0.0 if b is None else b)
+        assert np.linalg.norm(got.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_fuse_refuses_mixed_formats(device: str) -> None:
+    from quanta.backends.cuda.repack import fuse
+
+    a, _ = _weight("Q4_K", 16, 256, device)
+    b, _ = _weight("Q6_K", 16, 256, device)
+    assert fuse([a, b], [None, None]) is None
+    assert fuse([a], [None]) is None
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_bias_and_residual_into_the_output(m: int, device: str) -> None:
+    """``out += x @ W.T + bias`` with the residual being the output itself (the o- and down-projections)."""
+    n, k = 18, 256
+    w, ref_w = _weight("Q4_0", n, k, device, seed=5)
+    rng = np.random.default_rng(6)
+    x, res, b = rng.standard_normal((m, k)), rng.standard_normal((m, n)), rng.standard_normal(n)
+    out = torch.from_numpy(res.astype(np.float32)).to(device)
+    qmatmul(torch.from_numpy(x.astype(np.float32)).to(device), w, out=out, residual=out,
+            bias=torch.from_numpy(b.astype(np.float32)).to(device), exact=True)
+    want = x @ ref_w.T + b + res
+    assert np.linalg.norm(out.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5

@@ -78,8 +78,22 @@ class CPUBackend(Backend):
     def positions(self, start: int, n: int) -> np.ndarray:
         return np.arange(start, start + n, dtype=np.int32)
 
-    def matmul(self, x: np.ndarray, w: _qmatmul.QWeight, *, out: np.ndarray | None = None) -> np.ndarray:
-        return _qmatmul.qmatmul(x, w, exact=self.exact, out=out)
+    def matmul(self, x: np.ndarray, w: _qmatmul.QWeight, *, out: np.ndarray | None = None,
+               residual: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
+        if residual is None:
+            y = _qmatmul.qmatmul(x, w, exact=self.exact, out=out)
+        else:  # the product goes to scratch first: out may be the residual itself
+            y = _qmatmul.qmatmul(x, w, exact=self.exact, out=self.buffer("_matmul_residual", (x.shape[0], w.shape[0])))
+        if bias is not None:
+            _ops.add_rows(y, bias)
+        if residual is None:
+            return y
+        if out is None:
+            out = np.empty_like(y)
+        if out is not residual:
+            out[...] = residual
+        _ops.add_rows(out, y)  # same rounding as the separate add: (x @ W.T + bias) + residual
+        return out
 
     def embed(self, w: _qmatmul.QWeight, token_ids: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
         rows = _qmatmul.qembed(w, token_ids)
@@ -88,7 +102,10 @@ class CPUBackend(Backend):
         out[...] = rows
         return out
 
-    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, *, out: np.ndarray | None = None) -> np.ndarray:
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, *, out: np.ndarray | None = None,
+                 residual: np.ndarray | None = None) -> np.ndarray:
+        if residual is not None:
+            self.add(x, residual)
         if out is None:
             out = np.empty_like(x)
         d = x.shape[-1]

@@ -19,7 +19,7 @@ from quanta.backends.base import Array, Backend, KVShape
 from quanta.backends.cuda import activation, attention, norm, rope
 from quanta.backends.cuda.embed import embed as _embed
 from quanta.backends.cuda.qmatmul import qmatmul
-from quanta.backends.cuda.repack import PackedWeight, repack
+from quanta.backends.cuda.repack import FusedWeight, PackedWeight, fuse, repack
 from quanta.backends.cuda.sampling import Argmax
 from quanta.errors import QuantaError
 from quanta.gguf import TensorInfo
@@ -96,6 +96,9 @@ class CUDABackend(Backend):
         raw = _host_tensor(tensor.raw).to(self.device)
         return repack(raw, tensor.type, tuple(tensor.shape), tensor.name)
 
+    def fuse(self, weights: list[Any], biases: list[torch.Tensor | None]) -> FusedWeight | None:
+        return fuse(weights, biases)
+
     def load_vector(self, tensor: TensorInfo) -> torch.Tensor:
         if tensor.type == "F32":
             a = tensor.raw.view(np.float32).reshape(tensor.shape)
@@ -134,27 +137,40 @@ class CUDABackend(Backend):
     def positions(self, start: int, n: int) -> torch.Tensor:
         return torch.arange(start, start + n, dtype=torch.int32, device=self.device)
 
-    def matmul(self, x: torch.Tensor, w: PackedWeight, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        return qmatmul(x, w, out=out, exact=self.exact)
+    def matmul(self, x: torch.Tensor, w: PackedWeight, *, out: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return qmatmul(x, w, out=out, residual=residual, bias=bias, exact=self.exact)
+
+    def matmul_split(self, x: torch.Tensor, w: FusedWeight, outs: list[torch.Tensor]) -> list[torch.Tensor]:
+        assert [o.shape[-1] for o in outs] == list(w.widths), ([o.shape for o in outs], w.widths)
+        qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact)
+        return outs
 
     def embed(self, w: PackedWeight, token_ids: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         return _embed(w, token_ids, out=out)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, *,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
-        return norm.rms_norm(x, weight, eps, out=out)
+                 out: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return norm.rms_norm(x, weight, eps, out=out, residual=residual)
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor, table: Any, *, neox: bool) -> torch.Tensor:
         return rope.rope(x, positions, table, neox)
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Any, positions: torch.Tensor, *,
+    def rope_qk(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, table: Any, *, neox: bool,
+                v: torch.Tensor | None = None, cache: Any = None) -> bool:
+        rope.rope_qk(q, k, positions, table, neox, v=v, cache=cache)
+        return v is not None and cache is not None
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, cache: Any,
+                  positions: torch.Tensor, *,
                   scale: float, window: int = 0, softcap: float = 0.0,
                   out: torch.Tensor | None = None) -> torch.Tensor:
         n, n_heads, hd = q.shape
         if out is None:
             out = torch.empty((n, n_heads * hd), dtype=torch.float32, device=self.device)
         k_cache, v_cache = cache
-        attention.write_kv(k, v, k_cache, v_cache, positions)
+        if k is not None:  # None: rope_qk stored them
+            attention.write_kv(k, v, k_cache, v_cache, positions)
         scratch = None
         if n == 1:
             key = (n_heads, k_cache.shape[1], hd)

@@ -1,4 +1,4 @@
-"""``y = x @ W.T (+ residual)`` on a packed quantized weight: a fused-dequant GEMV for few rows (decode) and a
+"""``y = x @ W.T (+ bias) (+ residual)`` on a packed quantized weight: a fused-dequant GEMV for few rows (decode) and a
 fused-dequant GEMM through ``tl.dot`` for many rows (prefill).
 
 Layout (see repack.py): a row of W is read as chunks of 32 weights; chunk ``c`` is 4 (4-bit) or 8 (8-bit) 32-bit
@@ -11,6 +11,10 @@ chunk as [rows, chunks, 16] tiles.
 Group scales apply per chunk (G = 32) or per half chunk (G = 16):
 
     y[r] = sum_g  d*sc * sum_{c in g} (q_c - QOFF) x_c  -  dmin*mn * sum_{c in g} x_c
+
+Split outputs: a weight fused from up to three matrices (Q|K|V, gate|up: rows stacked at load time, see
+``fuse``) writes its column blocks to three separate contiguous outputs in the epilogue, so the model gets q, k
+and v as its own arrays from one launch that reads x once.
 
 Tested under TRITON_INTERPRET=1 against gguf-py's dequantize followed by a float64 matmul
 (tests/backends/cuda/test_qmatmul.py).
@@ -47,6 +51,18 @@ def gemv_class(n: int, k: int) -> str:
     """The tile class of an (n, k) matrix for the GEMV: an lm head, a long-row (down) projection, a small (k/v)
     projection, or the rest."""
     return "head" if n >= 16384 else "long" if k >= 4096 else "small" if n < 1024 else "base"
+
+
+@triton.jit
+def _store_split(y, m, rows, rmask, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, SPLIT: tl.constexpr):
+    """Store output rows ``rows`` of activation row(s) ``m`` (a scalar or a [BM, 1] column): into one (M, N)
+    output, or (SPLIT) rows [0, N1) / [N1, N2) / [N2, N) into three contiguous outputs of those widths."""
+    if SPLIT:
+        tl.store(y_ptr + m * N1 + rows, y, mask=rmask & (rows < N1))
+        tl.store(y1_ptr + m * (N2 - N1) + (rows - N1), y, mask=rmask & (rows >= N1) & (rows < N2))
+        tl.store(y2_ptr + m * (N - N2) + (rows - N2), y, mask=rmask & (rows >= N2))
+    else:
+        tl.store(y_ptr + m * stride_y + rows, y, mask=rmask)
 
 
 @triton.jit
@@ -135,9 +151,11 @@ def _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NS
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, y_ptr, N, K, QW, stride_x, stride_y,
+def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2,
+                 K, QW, stride_x, stride_y,
                  BITS: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                  BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, PREFETCH: tl.constexpr):
     """One program: BN output features of one activation row, K walked BJ units at a time. A unit is 4 words
     (16 bytes: a 4-bit chunk, or half an 8-bit chunk); codes are a [BN, BJ, 4] int32 tile (QW: words per row),
@@ -211,13 +229,16 @@ def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, y_ptr, 
             if G == 16:
                 acc -= m1 * tl.sum(xs1, axis=1)[None, :]
     y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows, mask=rmask, other=0)
     if HAS_RES:
         y += tl.load(res_ptr + m * stride_y + rows, mask=rmask, other=0)
-    tl.store(y_ptr + m * stride_y + rows, y, mask=rmask)
+    _store_split(y, m, rows, rmask, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, SPLIT)
 
 
 @triton.jit
-def _gemv_dense_kernel(x_ptr, w_ptr, res_ptr, y_ptr, N, K, WS, stride_x, stride_y, HAS_RES: tl.constexpr,
+def _gemv_dense_kernel(x_ptr, w_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, K, WS, stride_x, stride_y,
+                       HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr):
     """One program: BN features of one row of x against a float16/bfloat16/float32 matrix."""
     pid = tl.program_id(0)
@@ -232,9 +253,11 @@ def _gemv_dense_kernel(x_ptr, w_ptr, res_ptr, y_ptr, N, K, WS, stride_x, stride_
         x = tl.load(x_ptr + m * stride_x + kk, mask=kmask, other=0.0)
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows, mask=rmask, other=0)
     if HAS_RES:
         y += tl.load(res_ptr + m * stride_y + rows, mask=rmask, other=0)
-    tl.store(y_ptr + m * stride_y + rows, y, mask=rmask)
+    _store_split(y, m, rows, rmask, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, SPLIT)
 
 
 @triton.jit
@@ -265,9 +288,11 @@ def _dequant_halves(q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, cg, kj,
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, y_ptr, M, N, K, QS, stride_x, stride_y,
+def _gemm_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, M, N, N1, N2,
+                 K, QS, stride_x, stride_y,
                  KIND: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr, PRECISION: tl.constexpr):
     """One program: a [BM, BN] output tile; weights dequantized per [BN, BC*32] tile, products on tensor cores
     (tf32: float32 range, since activations of some models overflow float16)."""
@@ -291,11 +316,12 @@ def _gemm_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, y_ptr, 
                                  KIND, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN, True)
         acc = tl.dot(xlo, tl.trans(tl.reshape(lo, (BN, BC * 16))), acc, input_precision=PRECISION)
         acc = tl.dot(xhi, tl.trans(tl.reshape(hi, (BN, BC * 16))), acc, input_precision=PRECISION)
-    out = mrows[:, None] * stride_y + rows[None, :]
     omask = mmask[:, None] & rmask[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows, mask=rmask, other=0)[None, :]
     if HAS_RES:
-        acc += tl.load(res_ptr + out, mask=omask, other=0)
-    tl.store(y_ptr + out, acc, mask=omask)
+        acc += tl.load(res_ptr + mrows[:, None] * stride_y + rows[None, :], mask=omask, other=0)
+    _store_split(acc, mrows[:, None], rows[None, :], omask, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, SPLIT)
 
 
 def _meta(w: PackedWeight) -> dict:
@@ -309,14 +335,35 @@ def _planes(w: PackedWeight) -> tuple[torch.Tensor, ...]:
     return tuple(p if p is not None else w.q for p in (w.q, w.d, w.sc, w.dmin, w.mn))
 
 
-def _gemv(x: torch.Tensor, w: PackedWeight, out: torch.Tensor, residual: torch.Tensor | None) -> None:
+class _Epilogue:
+    """Kernel arguments of the output side: residual, bias and the (possibly split) outputs."""
+
+    def __init__(self, out: torch.Tensor, residual: torch.Tensor | None, bias: torch.Tensor | None,
+                 outs: list[torch.Tensor] | None, n: int):
+        self.out, self.residual, self.bias = out, residual, bias
+        ys = list(outs) if outs else [out]
+        widths = [y.shape[-1] for y in ys]
+        assert sum(widths) == n and len(ys) <= 3 and all(y.is_contiguous() for y in ys), (widths, n)
+        self.split = len(ys) > 1
+        self.bounds = (widths[0], widths[0] + (widths[1] if len(ys) > 1 else 0))
+        self.ys = ys + [ys[0]] * (3 - len(ys))  # unused outputs alias the first (never written: masked off)
+
+    def args(self) -> tuple:
+        res = self.residual if self.residual is not None else self.out
+        return (res, self.bias if self.bias is not None else self.out, *self.ys)
+
+    def flags(self) -> dict:
+        return dict(HAS_RES=self.residual is not None, HAS_BIAS=self.bias is not None, SPLIT=self.split)
+
+
+def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue) -> None:
     m, k = x.shape
-    res = residual if residual is not None else out
+    stride_y = ep.out.stride(0)
     if w.kind == "dense":
         bn = 4
-        _gemv_dense_kernel[(triton.cdiv(w.n, bn), m)](x, w.q, res, out, w.n, k, w.q.stride(0), x.stride(0),
-                                                      out.stride(0), HAS_RES=residual is not None, BN=bn, BK=256,
-                                                      num_warps=4)
+        _gemv_dense_kernel[(triton.cdiv(w.n, bn), m)](x, w.q, *ep.args(), w.n, *ep.bounds, k, w.q.stride(0),
+                                                      x.stride(0), stride_y, BN=bn, BK=256, num_warps=4,
+                                                      **ep.flags())
         return
     bits = 4 if w.kind == "q4" else 8
     cfg = GEMV_CONFIG[(bits, gemv_class(w.n, k))]
@@ -325,25 +372,31 @@ def _gemv(x: torch.Tensor, w: PackedWeight, out: torch.Tensor, residual: torch.T
     words = w.q.view(torch.int32)
     meta = _meta(w)
     del meta["KIND"]
-    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], res, out, w.n, k, words.stride(0), x.stride(0),
-                                            out.stride(0), BITS=bits, HAS_RES=residual is not None, BN=bn, BJ=bj,
+    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), w.n, *ep.bounds, k,
+                                            words.stride(0), x.stride(0), stride_y, BITS=bits, BN=bn, BJ=bj,
                                             MASKED=bool(units % bj or w.n % bn),
-                                            PREFETCH=cfg["PREFETCH"] and units > bj, num_warps=cfg["num_warps"], **meta)
+                                            PREFETCH=cfg["PREFETCH"] and units > bj, num_warps=cfg["num_warps"],
+                                            **ep.flags(), **meta)
 
 
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
-            residual: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
-    """``x @ W.T (+ residual)``: x (m, k) float32 contiguous rows → (m, n) float32 (written into ``out``).
+            residual: torch.Tensor | None = None, exact: bool = False, bias: torch.Tensor | None = None,
+            outs: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias) (+ residual)``: x (m, k) float32 contiguous rows → (m, n) float32 (written into ``out``;
+    ``residual`` may be ``out``). ``outs``: instead, column blocks into these contiguous (m, n_i) arrays (≤ 3).
 
     ``exact``: the prefill GEMM multiplies in IEEE fp32 instead of tf32."""
     m, k = x.shape
     assert k == w.k and x.stride(1) == 1, (x.shape, w.k)
-    if out is None:
+    if outs:
+        out = outs[0]
+        assert residual is None
+    elif out is None:
         out = torch.empty((m, w.n), dtype=torch.float32, device=x.device)
-    res = residual if residual is not None else out
-    assert res.stride(0) == out.stride(0)
+    assert residual is None or residual.stride(0) == out.stride(0)
+    ep = _Epilogue(out, residual, bias, outs, w.n)
     if m <= _GEMV_MAX_ROWS:
-        _gemv(x, w, out, residual)
+        _gemv(x, w, ep)
     else:
         meta = _meta(w)
         if m >= 256:
@@ -352,7 +405,7 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
             cfg = {"BM": 16 if m <= 16 else 32 if m <= 32 else 64, "BN": 64, "BC": 1, "num_warps": 4, "num_stages": 3}
         bm, bn = cfg["BM"], cfg["BN"]
         grid = (triton.cdiv(m, bm), triton.cdiv(w.n, bn))
-        _gemm_kernel[grid](x, *_planes(w), res, out, m, w.n, k, w.q.stride(0), x.stride(0), out.stride(0),
-                           HAS_RES=residual is not None, BM=bm, BN=bn, BC=cfg["BC"], num_warps=cfg["num_warps"],
-                           num_stages=cfg["num_stages"], PRECISION="ieee" if exact else "tf32", **meta)
+        _gemm_kernel[grid](x, *_planes(w), *ep.args(), m, w.n, *ep.bounds, k, w.q.stride(0), x.stride(0),
+                           out.stride(0), BM=bm, BN=bn, BC=cfg["BC"], num_warps=cfg["num_warps"],
+                           num_stages=cfg["num_stages"], PRECISION="ieee" if exact else "tf32", **ep.flags(), **meta)
     return out

@@ -183,6 +183,49 @@ def repack(raw: torch.Tensor, type_name: str, shape: tuple[int, int], tensor_nam
                         mn=plane(f.get("mn"), g), group=g, super_block=sb, qoff=f.get("qoff", 0))
 
 
+@dataclass
+class FusedWeight:
+    """Matrices of one input stacked by rows (Q|K|V, gate|up) for one split-output matmul, with their biases.
+
+    Every plane is row-major, so stacking is a row concatenation of each plane: bytes per token are unchanged and
+    the separate matrices are dropped (no second copy)."""
+
+    packed: PackedWeight
+    widths: tuple[int, ...]  # rows of each stacked matrix, in order
+    bias: torch.Tensor | None  # (sum of widths,) float32; zeros for a matrix without bias
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes
+
+
+MAX_FUSED = 3  # the split epilogue has three outputs
+
+
+def fuse(weights: list[PackedWeight], biases: list[torch.Tensor | None]) -> FusedWeight | None:
+    """Stack 2..3 matrices of the same format and input width; None when they differ (e.g. Q6_K v beside Q4_K
+    q and k) or there is nothing to fuse."""
+    if not 2 <= len(weights) <= MAX_FUSED or not all(isinstance(w, PackedWeight) for w in weights):
+        return None
+    first = weights[0]
+    if any((w.type, w.k, w.q.dtype) != (first.type, first.k, first.q.dtype) for w in weights):
+        return None
+
+    def cat(name: str) -> torch.Tensor | None:
+        planes = [getattr(w, name) for w in weights]
+        return None if planes[0] is None else torch.cat(planes, dim=0)
+
+    n = sum(w.n for w in weights)
+    packed = PackedWeight(first.type, n, first.k, first.kind, cat("q"), d=cat("d"), sc=cat("sc"), dmin=cat("dmin"),
+                          mn=cat("mn"), group=first.group, super_block=first.super_block, qoff=first.qoff)
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b.reshape(-1).float() if b is not None else
+                          torch.zeros(w.n, dtype=torch.float32, device=first.q.device)
+                          for w, b in zip(weights, biases)])
+    return FusedWeight(packed, tuple(w.n for w in weights), bias)
+
+
 def dequantize_packed(w: PackedWeight) -> torch.Tensor:
     """The float32 weights (n, k) of a packed matrix, with torch ops (for tests and the embedding oracle)."""
     if w.kind == "dense":
