@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# numba's OpenMP workers spin for milliseconds after each parallel op, on the core the next kernel needs; a short
+# spin made Gemma-3 prefill 0.8× → 1.05× llama.cpp (docs/PERF.md). libgomp reads it once, when it first loads,
+# so it is set here, before anything can load it; an explicit setting wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "load_tokenizer"]

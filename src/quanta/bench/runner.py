@@ -195,6 +195,7 @@ def _breakdown(engine: QuantaEngine, prompt: list[int], cfg: BenchConfig) -> dic
         sync = torch.cuda.synchronize
 
     def timed(p: list[int], n: int) -> tuple[dict[str, float], float]:
+        llm.kv.reset()
         with op_timers(llm.backend, sync) as totals:
             t = time.perf_counter()
             llm.generate(p, max_tokens=n + 1, temperature=0.0, ignore_eos=True)

@@ -11,7 +11,6 @@ single-threaded OpenBLAS sgemm. See docs/PERF_cpu_kernels.md for the measurement
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,18 +25,11 @@ from quanta.backends.cpu.kernels.gemm_q8_pack import TILE_ROWS, UNIT
 from quanta.backends.cpu.kernels.legacy_dot_q8 import HAS_VNNI
 from quanta.quant.formats import get_format
 
-# numba's OpenMP workers spin ~300000 rounds (libgomp's default, milliseconds) after each parallel op, on the core
-# the prefill GEMM's pool thread needs next; 10000 rounds keep back-to-back decode launches hot while letting an
-# idle worker sleep. libgomp reads this once, when numba first loads it (the first parallel kernel), hence at
-# import, before any kernel runs; an explicit setting wins. Measured: docs/PERF_cpu_kernels.md step 15.
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-
 FLOAT_TYPES = ("F32", "F16", "BF16")
 GEMM_MIN_ROWS = 8  # from this many activation rows on, dequantize tiles + sgemm beats the GEMV kernels
 TILE_BYTES = 4 << 20  # fp32 scratch per weight tile (fits L2+L3 alongside the activations)
 # Types whose fast-mode GEMV quantizes activations to q8 (integer VNNI dots); the others stay fp32 in both modes.
 Q8_ACTIVATION_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") if HAS_VNNI else ()
-EXACT_SUM_TYPES = ("Q4_1", "Q5_1", "Q4_K", "Q5_K")  # block minimums meet the exact fp32 activation sums
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,10 +153,9 @@ def _gemm_int8(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
     xq = np.zeros((n_pad, k), np.int8)  # rows past n stay zero: padded tokens contribute nothing
     xdu = np.zeros((n_pad, k // unit), np.float32)
     xsu = np.zeros((n_pad, k // unit), np.float32)
-    exact_sums = w.type in EXACT_SUM_TYPES
 
     def quantize(a: int, b: int) -> None:
-        _gemm_q8.quantize_activations(x[a:b], xq[a:b], unit, exact_sums, xdu[a:b], xsu[a:b])
+        _gemm_q8.quantize_activations(x[a:b], xq[a:b], unit, xdu[a:b], xsu[a:b])
 
     def rows(a: int, b: int) -> None:
         _gemm_q8.gemm_q8_rows(w.fmt, unit, w.raw2d, a * TILE_ROWS, min(m, b * TILE_ROWS), xq, xdu, xsu, n, out)

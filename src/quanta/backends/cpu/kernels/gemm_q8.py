@@ -4,8 +4,8 @@ Per thread, for each tile of 16 weight rows: unpack the tile once into VNNI layo
 ``u``, per-unit scale ``s`` and constant ``c``), then sweep all activation rows 8 tokens at a time. Register tile:
 16 rows x 8 tokens; per unit of U weights and token t, ``U/4`` ``vpdpbusd zmm`` (64 code bytes of 16 rows x
 4 bytes of ``xq[t]`` broadcast) give 16 integer dots, then ``acc_t += (s * xd[t, j]) * isum + c * xs[t, j]``
-where ``xd`` is the activation block scale and ``xs`` the activation sum of the unit (exact fp32 for the
-minimum formats, ``xd * sum(xq)`` for the offset formats, as in the GEMV). 512 MACs per ~12 instructions.
+where ``xd`` is the activation block scale and ``xs = xd * sum(xq)`` the unit's sum of the quantized activations
+(as the GEMV, so the result is exactly ``q8(x) @ W.T`` up to fp32 rounding). 512 MACs per ~12 instructions.
 Same arithmetic as the fast GEMV (``legacy_dot_q8``); tested against gguf-py's dequantize.
 """
 
@@ -148,10 +148,10 @@ def gemm_q8_rows(fmt, unit, raw2d, r0, r1, xq, xdu, xsu, n, out):
 
 
 @njit(nogil=True, cache=True)
-def quantize_activations(x, xq, unit, exact_sums, xdu, xsu):
+def quantize_activations(x, xq, unit, xdu, xsu):
     """q8 activations ``xq`` (per-32 scales, ``activations.quantize_q8_32``) with the per-unit scale ``xdu`` and
-    sum ``xsu``: the exact fp32 sum (``exact_sums``, formats with minimums) or ``xd * sum(xq)`` (offset formats,
-    as the GEMV). Runs on the calling thread (GIL released): the caller splits the activation rows."""
+    the unit's sum of the quantized activations ``xsu = xd * sum(xq)`` (as the GEMV). Runs on the calling
+    thread (GIL released): the caller splits the activation rows."""
     n, k = x.shape
     nb = k // 32
     xd = np.empty((n, nb), np.float32)
@@ -162,7 +162,7 @@ def quantize_activations(x, xq, unit, exact_sums, xdu, xsu):
         for i in range(nb):
             if unit == 32:
                 xdu[t, i] = xd[t, i]
-                xsu[t, i] = xsum[t, i] if exact_sums else xd[t, i] * xqsum[t, i]
+                xsu[t, i] = xsum[t, i]
             else:
                 for h in range(2):
                     s = np.int32(0)
@@ -170,4 +170,3 @@ def quantize_activations(x, xq, unit, exact_sums, xdu, xsu):
                         s += np.int32(xq[t, j])
                     xdu[t, 2 * i + h] = xd[t, i]
                     xsu[t, 2 * i + h] = xd[t, i] * s
-
