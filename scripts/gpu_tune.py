@@ -2,7 +2,7 @@
 graph (host launch cost excluded) over rotating weight copies (HBM, not L2).
 
 Prints, per (shape, format), the best configurations and their GB/s (GEMV) or TFLOP/s (GEMM). Used to choose the
-defaults in quanta/backends/cuda/qmatmul.py; the results are recorded in docs/PERF_gpu.md.
+defaults in quanta/backends/cuda/qmatmul.py; the results are recorded in docs/PERF.md, GPU journal.
 Usage: PYTHONPATH=src python3 scripts/gpu_tune.py [gemv|gemm]...
 """
 

@@ -6,7 +6,7 @@ Prefill (many rows) is compute-bound. Fast mode (the default, with AVX512-VNNI):
 32 and an integer GEMM, each thread unpacking 16 weight rows at a time into VNNI-ready codes reused by every
 activation row (``kernels/gemm_q8.py``). Exact mode (and formats without an int8 path): each thread dequantizes a
 tile of weight rows into a reused fp32 scratch (a few MB, never the whole weight) and multiplies it with a
-single-threaded OpenBLAS sgemm. See docs/PERF_cpu_kernels.md for the measurements behind each choice.
+single-threaded OpenBLAS sgemm. See docs/PERF.md (CPU journal) for the measurements behind each choice.
 """
 
 from __future__ import annotations

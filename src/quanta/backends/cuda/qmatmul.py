@@ -30,7 +30,7 @@ from quanta.backends.cuda.repack import PackedWeight
 
 _GEMV_MAX_ROWS = 4  # up to this many activation rows the weight is streamed once per row (decode)
 # GEMV tiles (BN rows x BJ 16-byte units per program, PREFETCH: see _gemv_kernel) per code width and matrix class,
-# chosen on the H200 by scripts/gpu_tune.py (docs/PERF_gpu.md, run 8); BJ shrinks to the row's unit count for short
+# chosen on the H200 by scripts/gpu_tune.py (docs/PERF.md, GPU journal, run 8); BJ shrinks to the row's unit count for short
 # rows. (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours.
 GEMV_CONFIG = {
     (4, "small"): {"BN": 1, "BJ": 64, "num_warps": 2, "PREFETCH": False},

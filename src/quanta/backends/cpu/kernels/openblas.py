@@ -1,6 +1,6 @@
 """Control of the OpenBLAS bundled with numpy's wheels, which runs the prefill sgemm (ctypes, as threadpoolctl).
 
-Two fixes, both measured (docs/PERF_cpu_kernels.md): numpy's OpenBLAS 0.3.31 (DYNAMIC_ARCH) detects AMD Zen 5 as
+Two fixes, both measured (docs/PERF.md, CPU journal): numpy's OpenBLAS 0.3.31 (DYNAMIC_ARCH) detects AMD Zen 5 as
 "Haswell" and runs AVX2 kernels (125 GFLOP/s per core); its AVX-512 "SkylakeX" kernels run 229 GFLOP/s there.
 ``use_avx512_kernels`` re-runs OpenBLAS's own core selection (``gotoblas_dynamic_quit`` / ``_init``, what the
 library does at load) with ``OPENBLAS_CORETYPE=SkylakeX`` when the CPU has AVX-512 but AVX2 kernels were picked
