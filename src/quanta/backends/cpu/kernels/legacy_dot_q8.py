@@ -16,8 +16,8 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from quanta.backends.cpu.kernels.simd import (
-    F32, I8, I32, const_vec, fma, hsum, idx, load_f16, load_scalar, load_vec, rows_dot_intrinsic, splat, vec,
-    zeros,
+    F32, I8, I32, const_vec, fma, for_block_pairs, hsum, idx, load_f16, load_scalar, load_vec, rows_dot_intrinsic,
+    splat, vec, zeros,
 )  # fmt: skip
 from quanta.quant.formats import FORMATS
 
@@ -77,14 +77,7 @@ def _make_rows_dot_q8(fmt_name: str):
                 mx = builder.fmul(m, builder.load(builder.gep(sp, [i])))
                 builder.store(builder.fadd(builder.load(maccs[slot]), mx), maccs[slot])
 
-        pairs = builder.sdiv(nb, ir.Constant(nb.type, 2))
-        with cgutils.for_range(builder, pairs) as loop:
-            i0 = builder.mul(loop.index, ir.Constant(nb.type, 2))
-            block(i0, 0)
-            block(idx(builder, i0, 1), 1)
-        odd = builder.icmp_signed("!=", builder.mul(pairs, ir.Constant(nb.type, 2)), nb)
-        with builder.if_then(odd):
-            block(builder.sub(nb, ir.Constant(nb.type, 1)), 0)
+        for_block_pairs(builder, nb, block)
         total = hsum(builder, builder.fadd(builder.load(accs[0]), builder.load(accs[1])))
         return builder.fadd(total, builder.fadd(builder.load(maccs[0]), builder.load(maccs[1])))
 

@@ -87,6 +87,19 @@ def nibble(builder, v, high: bool):
     return builder.lshr(v, const_vec(I8, [4] * n)) if high else builder.and_(v, const_vec(I8, [15] * n))
 
 
+def for_block_pairs(builder, nb, block) -> None:
+    """Call ``block(i, slot)`` for blocks i = 0..nb-1, two per iteration into accumulator slots 0 and 1 (two
+    independent dependency chains), then the odd last block into slot 0."""
+    two = ir.Constant(nb.type, 2)
+    pairs = builder.sdiv(nb, two)
+    with cgutils.for_range(builder, pairs) as loop:
+        i0 = builder.mul(loop.index, two)
+        block(i0, 0)
+        block(idx(builder, i0, 1), 1)
+    with builder.if_then(builder.icmp_signed("!=", builder.mul(pairs, two), nb)):
+        block(builder.sub(nb, ir.Constant(nb.type, 1)), 0)
+
+
 def rows_dot_intrinsic(name: str, row_body, block_size: int, type_size: int, n_acts: int):
     """An intrinsic ``f(raw2d, r0, r1, *acts, out)`` doing ``out[r] = row_body(row r)`` for r in [r0, r1): the row
     loop lives in IR, so a GEMV chunk costs one call (no per-row numba views or dispatch).
