@@ -69,10 +69,9 @@ def cuda_time(fn, reps: int = 20, warmup: int = 3) -> float:
 
 @section("bandwidth")
 def bandwidth() -> float:
-    x = torch.rand((4 << 30) // 4, device="cuda")
-    t = cuda_time(lambda: x.sum(), reps=10)
-    bw = x.numel() * 4 / t
-    del x
+    from quanta.bench.roofline import cuda_read_bandwidth
+
+    bw = cuda_read_bandwidth(size_gb=4.0, repeats=10)
     torch.cuda.empty_cache()
     RESULTS["bandwidth_GBs"] = bw / 1e9
     SUMMARY.append(f"read bandwidth (4 GiB fp32 sum): {bw / 1e12:.2f} TB/s")
