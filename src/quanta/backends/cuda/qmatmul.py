@@ -30,8 +30,8 @@ from quanta.backends.cuda.repack import PackedWeight
 
 _GEMV_MAX_ROWS = 4  # up to this many activation rows the weight is streamed once per row (decode)
 # GEMV tiles (BN rows x BJ 16-byte units per program, PREFETCH: see _gemv_kernel) per code width and matrix class,
-# chosen on the H200 by scripts/gpu_tune.py (docs/PERF.md, GPU journal, run 8); BJ shrinks to the row's unit count for short
-# rows. (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours.
+# chosen on the H200 by scripts/gpu_tune.py (docs/PERF.md, GPU journal, run 8); BJ shrinks to the row's unit
+# count for short rows. (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours.
 GEMV_CONFIG = {
     (4, "small"): {"BN": 1, "BJ": 64, "num_warps": 2, "PREFETCH": False},
     (4, "base"): {"BN": 8, "BJ": 64, "num_warps": 4, "PREFETCH": False},
@@ -54,9 +54,15 @@ def gemv_class(n: int, k: int) -> str:
 
 
 @triton.jit
-def _store_split(y, m, rows, rmask, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, SPLIT: tl.constexpr):
-    """Store output rows ``rows`` of activation row(s) ``m`` (a scalar or a [BM, 1] column): into one (M, N)
-    output, or (SPLIT) rows [0, N1) / [N1, N2) / [N2, N) into three contiguous outputs of those widths."""
+def _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr):
+    """Add the bias and the residual to output rows ``rows`` of activation row(s) ``m`` (a scalar and a vector, or
+    a [BM, 1] column and a [1, BN] row), then store: into one (M, N) output, or (SPLIT) rows [0, N1) / [N1, N2) /
+    [N2, N) into three contiguous outputs of those widths."""
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows, mask=rmask, other=0)
+    if HAS_RES:
+        y += tl.load(res_ptr + m * stride_y + rows, mask=rmask, other=0)
     if SPLIT:
         tl.store(y_ptr + m * N1 + rows, y, mask=rmask & (rows < N1))
         tl.store(y1_ptr + m * (N2 - N1) + (rows - N1), y, mask=rmask & (rows >= N1) & (rows < N2))
@@ -229,11 +235,7 @@ def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, 
             if G == 16:
                 acc -= m1 * tl.sum(xs1, axis=1)[None, :]
     y = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rows, mask=rmask, other=0)
-    if HAS_RES:
-        y += tl.load(res_ptr + m * stride_y + rows, mask=rmask, other=0)
-    _store_split(y, m, rows, rmask, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, SPLIT)
+    _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
 
 
 @triton.jit
@@ -253,11 +255,7 @@ def _gemv_dense_kernel(x_ptr, w_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, N, N
         x = tl.load(x_ptr + m * stride_x + kk, mask=kmask, other=0.0)
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rows, mask=rmask, other=0)
-    if HAS_RES:
-        y += tl.load(res_ptr + m * stride_y + rows, mask=rmask, other=0)
-    _store_split(y, m, rows, rmask, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, SPLIT)
+    _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
 
 
 @triton.jit
@@ -316,12 +314,8 @@ def _gemm_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, 
                                  KIND, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN, True)
         acc = tl.dot(xlo, tl.trans(tl.reshape(lo, (BN, BC * 16))), acc, input_precision=PRECISION)
         acc = tl.dot(xhi, tl.trans(tl.reshape(hi, (BN, BC * 16))), acc, input_precision=PRECISION)
-    omask = mmask[:, None] & rmask[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rows, mask=rmask, other=0)[None, :]
-    if HAS_RES:
-        acc += tl.load(res_ptr + mrows[:, None] * stride_y + rows[None, :], mask=omask, other=0)
-    _store_split(acc, mrows[:, None], rows[None, :], omask, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, SPLIT)
+    _epilogue(acc, mrows[:, None], rows[None, :], mmask[:, None] & rmask[None, :], b_ptr, res_ptr, y_ptr, y1_ptr,
+              y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
 
 
 def _meta(w: PackedWeight) -> dict:
