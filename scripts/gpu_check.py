@@ -436,6 +436,10 @@ def main() -> None:
     bw = bandwidth() or 4.3e12
     if "kernels" in only:
         kernel_checks((1,) if args.quick else (1, 3, 77))
+    if "pdlab" in only:  # TinyLlama with programmatic dependent launch off, for the same-run comparison
+        os.environ["QUANTA_PDL"] = "0"
+        bench([("tinyllama-1.1b Q4_K_M (PDL off)", synth("tinyllama-1.1b", "Q4_K_M"))], bw)
+        os.environ["QUANTA_PDL"] = "1"
     if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
         bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)
     if "compare" in only:  # tiny models of three architectures and synthetic SmolLM2 against the CPU exact mode

@@ -24,7 +24,7 @@ FORMATS = {  # name: (BITS, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN)
 }
 
 
-def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, prefetch: bool = False):
+def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, pdl: bool = True):
     bits, g, sb, qoff, has_sc, has_min, has_mn = FORMATS[fmt]
     fn = qm._gemv_kernel
     sig = {"x_ptr": "*fp32", "q_ptr": "*i32", "d_ptr": "*fp16", "sc_ptr": "*i8", "dmin_ptr": "*fp16",
@@ -32,7 +32,7 @@ def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, p
            "y2_ptr": "*fp32", "N": "i32", "N1": "i32", "N2": "i32", "K": "i32", "QW": "i32",
            "stride_x": "i32", "stride_y": "i32"}
     consts = dict(BITS=bits, G=g, SB=sb, QOFF=qoff, HAS_SC=has_sc, HAS_MIN=has_min, HAS_MN=has_mn, HAS_RES=False,
-                  HAS_BIAS=False, SPLIT=False, BN=bn, BJ=bj, MASKED=masked, PREFETCH=prefetch)
+                  HAS_BIAS=False, SPLIT=False, BN=bn, BJ=bj, MASKED=masked, PDL=pdl)
     for k in consts:
         sig[k] = "constexpr"
     div = [["tt.divisibility", 16]]
@@ -63,8 +63,8 @@ def loop_body(code: str) -> list[str]:
     return best
 
 
-def report(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, prefetch: bool = False) -> None:
-    k = compile_gemv(fmt, bn, bj, warps, masked, prefetch)
+def report(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, pdl: bool = True) -> None:
+    k = compile_gemv(fmt, bn, bj, warps, masked, pdl)
     ptx, code = k.asm["ptx"], cuobjdump(k.asm["cubin"], "--dump-sass")
     res = re.search(r"REG:(\d+).*?STACK:(\d+)", cuobjdump(k.asm["cubin"], "--dump-resource-usage"))
     body = loop_body(code)
@@ -76,7 +76,7 @@ def report(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, prefetc
     # weights per thread and loop iteration: the [BN, BJ, 4] word tile over 32*warps threads
     weights = bn * bj * 4 * (32 // FORMATS[fmt][0]) / (32 * warps)
     top = ", ".join(f"{o}:{n}" for o, n in sorted(ops.items(), key=lambda kv: -kv[1])[:10])
-    print(f"{fmt} BN={bn} BJ={bj} W={warps} masked={masked} prefetch={prefetch}: "
+    print(f"{fmt} BN={bn} BJ={bj} W={warps} masked={masked} pdl={pdl}: "
           f"regs {res.group(1)} stack {res.group(2)}, "
           f"ld.v4 {ptx.count('ld.global.v4')}, bar {ptx.count('bar.sync')}, loop {len(body)} SASS = "
           f"{len(body) / weights:.2f} per weight | {top}", flush=True)

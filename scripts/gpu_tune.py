@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, "scripts")
 from gpu_check import random_raw  # noqa: E402
 
-from quanta.backends.cuda import qmatmul as qm  # noqa: E402
+from quanta.backends.cuda import pdl, qmatmul as qm  # noqa: E402
 from quanta.backends.cuda.repack import repack  # noqa: E402
 
 
@@ -36,11 +36,9 @@ GEMV_SHAPES = {  # (code width, class): decode shapes of the benchmark models (T
     (8, "long"): [((2048, 5632), "Q6_K"), ((2048, 8192), "Q6_K")],
     (8, "head"): [((32000, 2048), "Q6_K"), ((151936, 1536), "Q6_K")],
 }
-GEMV_CONFIGS = {  # (BN, BJ, num_warps, PREFETCH)
-    4: [(1, 64, 2, False), (2, 64, 2, False), (4, 64, 2, False), (4, 32, 1, False), (8, 32, 2, False),
-        (4, 128, 4, False), (8, 64, 4, False), (4, 64, 2, True), (4, 32, 1, True), (8, 32, 2, True)],
-    8: [(1, 64, 2, False), (2, 32, 1, False), (2, 64, 2, False), (2, 128, 4, False), (4, 128, 4, False),
-        (4, 64, 2, False), (2, 32, 1, True), (2, 64, 2, True), (4, 64, 2, True)],
+GEMV_CONFIGS = {  # (BN, BJ, num_warps)
+    4: [(1, 64, 2), (2, 64, 2), (4, 64, 2), (4, 32, 1), (8, 32, 2), (4, 128, 4), (8, 64, 4), (16, 64, 4)],
+    8: [(1, 64, 2), (2, 32, 1), (2, 64, 2), (2, 128, 4), (4, 128, 4), (4, 64, 2), (8, 64, 4)],
 }
 
 
@@ -79,8 +77,8 @@ def gemv() -> dict:
             y = torch.empty(1, n, device="cuda")
             res = []
             for cfg in GEMV_CONFIGS[bits]:
-                bn, bj, nw, pf = cfg
-                qm.GEMV_CONFIG[(bits, cls)] = {"BN": bn, "BJ": bj, "num_warps": nw, "PREFETCH": pf}
+                bn, bj, nw = cfg
+                qm.GEMV_CONFIG[(bits, cls)] = {"BN": bn, "BJ": bj, "num_warps": nw}
                 try:
                     s = graph_time(lambda w: qm.qmatmul(x, w, out=y), ws)
                 except Exception as e:  # a config the compiler rejects
@@ -94,7 +92,7 @@ def gemv() -> dict:
             del ws
         cfg, tot = min(totals.items(), key=lambda kv: kv[1])
         print(f"GEMV {bits}-bit {cls}: best {cfg} ({tot * 1e6:.1f} us for {len(shapes)} shapes)", flush=True)
-        chosen[(bits, cls)] = {"BN": cfg[0], "BJ": cfg[1], "num_warps": cfg[2], "PREFETCH": cfg[3]}
+        chosen[(bits, cls)] = {"BN": cfg[0], "BJ": cfg[1], "num_warps": cfg[2]}
         qm.GEMV_CONFIG[(bits, cls)] = chosen[(bits, cls)]
     return chosen
 
@@ -134,5 +132,6 @@ def gemm(m: int = 512) -> dict:
 
 
 if __name__ == "__main__":
+    pdl.enable(True)
     for what in sys.argv[1:] or ["gemv", "gemm"]:
         {"gemv": gemv, "gemm": gemm}[what]()

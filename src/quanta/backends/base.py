@@ -104,6 +104,14 @@ class Backend(ABC):
         in the order of the fused weights). Only called on weights :meth:`fuse` returned."""
         raise NotImplementedError(f"the {self.name} backend does not fuse weights")
 
+    norm_fuse_rows = 0  # up to this many activation rows the backend folds an RMSNorm into the matmul
+
+    def norm_matmul(self, x: Array, norm: Array, eps: float, w: Weight, *, out: Array | None = None,
+                    bias: Array | None = None, outs: list[Array] | None = None) -> Array:
+        """:meth:`matmul` (``outs``: :meth:`matmul_split`) of ``rms_norm(x, norm, eps)``, without writing the
+        normed rows. Called only for at most :attr:`norm_fuse_rows` rows."""
+        raise NotImplementedError(f"the {self.name} backend does not fold norms into matmuls")
+
     @abstractmethod
     def embed(self, w: Weight, token_ids: Array, *, out: Array | None = None) -> Array:
         """Rows ``token_ids`` of the quantized (vocab, d) weight, dequantized → (n, d) float32."""

@@ -57,15 +57,15 @@ def test_embed_gathers_dequantized_rows(type_name: str, device: str) -> None:
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q3_K"])
-@pytest.mark.parametrize("bn,bj,warps,prefetch", [(2, 8, 1, True), (4, 16, 2, False)])
-def test_gemv_tile_configs(type_name: str, bn: int, bj: int, warps: int, prefetch: bool, device: str,
+@pytest.mark.parametrize("bn,bj,warps", [(2, 8, 1), (4, 16, 2)])
+def test_gemv_tile_configs(type_name: str, bn: int, bj: int, warps: int, device: str,
                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tile shapes the tuner may pick: several K steps, with and without the register prefetch, masked
-    (n = 18, k = 768) and whole (n = 16, k = 1024) tiles."""
+    """Tile shapes the tuner may pick: several K steps (the first one peeled), masked (n = 18, k = 768) and whole
+    (n = 16, k = 1024) tiles."""
     from quanta.backends.cuda import qmatmul as qm
 
     for key in list(qm.GEMV_CONFIG):
-        monkeypatch.setitem(qm.GEMV_CONFIG, key, {"BN": bn, "BJ": bj, "num_warps": warps, "PREFETCH": prefetch})
+        monkeypatch.setitem(qm.GEMV_CONFIG, key, {"BN": bn, "BJ": bj, "num_warps": warps})
     for n, k in ((18, 768), (16, 1024)):
         w, ref_w = _weight(type_name, n, k, device, seed=n)
         x = np.random.default_rng(k).standard_normal((2, k)).astype(np.float32)
@@ -116,3 +116,34 @@ def test_bias_and_residual_into_the_output(m: int, device: str) -> None:
             bias=torch.from_numpy(b.astype(np.float32)).to(device), exact=True)
     want = x @ ref_w.T + b + res
     assert np.linalg.norm(out.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q5_1", "F16"])
+@pytest.mark.parametrize("m", [1, 3, 6])
+def test_rms_norm_folded_into_the_matmul(type_name: str, m: int, device: str, monkeypatch) -> None:
+    """``rms_norm(x) @ W.T + bias`` with the norm inside the GEMV (1-4 rows), or applied first (dense weights,
+    the GEMM), split outputs included; several K steps (BJ = 8 units) and masked tiles."""
+    from quanta.backends.cuda import qmatmul as qm
+    from quanta.backends.cuda.repack import fuse
+
+    for key in list(qm.GEMV_CONFIG):
+        monkeypatch.setitem(qm.GEMV_CONFIG, key, {"BN": 2, "BJ": 8, "num_warps": 1})
+    k, widths, eps = 768, (18, 8), 1e-5
+    parts = [_weight(type_name, n, k, device, seed=20 + i) for i, n in enumerate(widths)]
+    rng = np.random.default_rng(m)
+    x = (3 * rng.standard_normal((m, k))).astype(np.float32)
+    nw = rng.standard_normal(k).astype(np.float32)
+    b = rng.standard_normal(widths[0]).astype(np.float32)
+    x64 = x.astype(np.float64)
+    h = x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + eps) * nw
+    dev = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    got = qmatmul(dev(x), parts[0][0], bias=dev(b), norm=(dev(nw), eps), exact=True).cpu().numpy()
+    want = h @ parts[0][1].T + b
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+    fused = fuse([w for w, _ in parts], [None, None])
+    if fused is not None:
+        outs = [torch.full((m, n), float("nan"), device=device) for n in widths]
+        qmatmul(dev(x), fused.packed, outs=outs, norm=(dev(nw), eps), exact=True)
+        for (_, ref_w), o in zip(parts, outs):
+            want = h @ ref_w.T
+            assert np.linalg.norm(o.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5

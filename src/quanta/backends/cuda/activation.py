@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from quanta.backends.cuda import pdl
+
 _BLOCK = 1024
 
 
@@ -22,7 +24,9 @@ def _tanh(x):
 
 
 @triton.jit
-def _gated_kernel(g_ptr, u_ptr, y_ptr, N, GELU: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_kernel(g_ptr, u_ptr, y_ptr, N, GELU: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.allow_next(PDL)
+    pdl.wait_prev(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     g = tl.load(g_ptr + offs, mask=mask, other=0.0)
@@ -35,8 +39,10 @@ def _gated_kernel(g_ptr, u_ptr, y_ptr, N, GELU: tl.constexpr, BLOCK: tl.constexp
 
 
 @triton.jit
-def _inplace_kernel(x_ptr, b_ptr, N, B, s, OP: tl.constexpr, BLOCK: tl.constexpr):
+def _inplace_kernel(x_ptr, b_ptr, N, B, s, OP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """OP 0: x += b[i % B] (row-broadcast add); 1: x *= s; 2: x = s * tanh(x / s)."""
+    pdl.allow_next(PDL)
+    pdl.wait_prev(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
@@ -54,7 +60,7 @@ def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu:
     if out is None:
         out = torch.empty_like(gate)
     n = gate.numel()
-    _gated_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, n, GELU=gelu, BLOCK=_BLOCK)
+    _gated_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, n, GELU=gelu, BLOCK=_BLOCK, **pdl.launch())
     return out
 
 
@@ -70,7 +76,8 @@ def _inplace(x: torch.Tensor, b: torch.Tensor | None, s: float, op: int) -> torc
     assert x.is_contiguous()
     n = x.numel()
     _inplace_kernel[(triton.cdiv(n, _BLOCK),)](x, b if b is not None else x, n,
-                                               b.numel() if b is not None else 1, s, OP=op, BLOCK=_BLOCK)
+                                               b.numel() if b is not None else 1, s, OP=op, BLOCK=_BLOCK,
+                                               **pdl.launch())
     return x
 
 

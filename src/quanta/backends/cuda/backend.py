@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from quanta.backends.base import Array, Backend, KVShape
-from quanta.backends.cuda import activation, attention, norm, rope
+from quanta.backends.cuda import activation, attention, norm, pdl, rope
 from quanta.backends.cuda.embed import embed as _embed
-from quanta.backends.cuda.qmatmul import qmatmul
+from quanta.backends.cuda.qmatmul import GEMV_MAX_ROWS, qmatmul
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight, fuse, repack
 from quanta.backends.cuda.sampling import Argmax
 from quanta.errors import QuantaError
@@ -84,6 +84,7 @@ class CUDABackend(Backend):
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise QuantaError("--device cuda needs an NVIDIA GPU with a CUDA build of torch; none was found")
         self.graphs = graphs and self.device.type == "cuda"
+        pdl.enable(self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] >= 9)
         self._buffers: dict[Any, torch.Tensor] = {}
         self._decode_scratch: dict[tuple[int, int, int], attention.DecodeScratch] = {}
         self._argmax: dict[int, Argmax] = {}
@@ -145,6 +146,15 @@ class CUDABackend(Backend):
         assert [o.shape[-1] for o in outs] == list(w.widths), ([o.shape for o in outs], w.widths)
         qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact)
         return outs
+
+    norm_fuse_rows = GEMV_MAX_ROWS
+
+    def norm_matmul(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w: PackedWeight | FusedWeight, *,
+                    out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                    outs: list[torch.Tensor] | None = None) -> torch.Tensor:
+        if outs:
+            return qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact, norm=(norm, eps))
+        return qmatmul(x, w, out=out, bias=bias, exact=self.exact, norm=(norm, eps))
 
     def embed(self, w: PackedWeight, token_ids: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         return _embed(w, token_ids, out=out)

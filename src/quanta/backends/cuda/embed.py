@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from quanta.backends.cuda import pdl
+
 from quanta.backends.cuda.qmatmul import _dequant_halves, _meta, _planes
 from quanta.backends.cuda.repack import PackedWeight
 
@@ -17,7 +19,10 @@ from quanta.backends.cuda.repack import PackedWeight
 @triton.jit
 def _embed_kernel(ids_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, y_ptr, K, QS,
                   KIND: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
-                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, BC: tl.constexpr):
+                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, BC: tl.constexpr,
+                  PDL: tl.constexpr):
+    pdl.allow_next(PDL)
+    pdl.wait_prev(PDL)
     t = tl.program_id(0)
     c0 = tl.program_id(1) * BC
     row = tl.load(ids_ptr + t).to(tl.int64)
@@ -38,5 +43,6 @@ def embed(w: PackedWeight, token_ids: torch.Tensor, out: torch.Tensor | None = N
     if out is None:
         out = torch.empty((n, w.k), dtype=torch.float32, device=token_ids.device)
     bc = 8
-    _embed_kernel[(n, triton.cdiv(w.k // 32, bc))](token_ids, *_planes(w), out, w.k, w.q.stride(0), BC=bc, **_meta(w))
+    _embed_kernel[(n, triton.cdiv(w.k // 32, bc))](token_ids, *_planes(w), out, w.k, w.q.stride(0), BC=bc, **_meta(w),
+                                                       **pdl.launch())
     return out

@@ -9,14 +9,19 @@ import torch
 import triton
 import triton.language as tl
 
+from quanta.backends.cuda import pdl
+
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr, ADD_RES: tl.constexpr):
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr, ADD_RES: tl.constexpr,
+                     PDL: tl.constexpr):
+    pdl.allow_next(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)  # a weight: read before waiting for the kernel before
+    pdl.wait_prev(PDL)
     x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)  # issued with x: one memory latency, not two
     if ADD_RES:  # x += residual, stored back: the residual stream and its norm in one pass
         x += tl.load(res_ptr + row * D + cols, mask=mask, other=0.0)
         tl.store(x_ptr + row * D + cols, x, mask=mask)
@@ -34,5 +39,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     rows = x.numel() // d
     _rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out, d, eps,
                               BLOCK=triton.next_power_of_2(d), ADD_RES=residual is not None,
-                              num_warps=4 if d <= 4096 else 8)
+                              num_warps=4 if d <= 4096 else 8, **pdl.launch())
     return out

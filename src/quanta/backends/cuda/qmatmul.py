@@ -26,21 +26,23 @@ import torch
 import triton
 import triton.language as tl
 
+from quanta.backends.cuda import pdl
+from quanta.backends.cuda.norm import rms_norm
 from quanta.backends.cuda.repack import PackedWeight
 
-_GEMV_MAX_ROWS = 4  # up to this many activation rows the weight is streamed once per row (decode)
-# GEMV tiles (BN rows x BJ 16-byte units per program, PREFETCH: see _gemv_kernel) per code width and matrix class,
+GEMV_MAX_ROWS = 4  # up to this many activation rows the weight is streamed once per row (decode)
+# GEMV tiles (BN rows x BJ 16-byte units per program) per code width and matrix class,
 # chosen on the H200 by scripts/gpu_tune.py (docs/PERF.md, GPU journal, run 8); BJ shrinks to the row's unit
 # count for short rows. (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours.
 GEMV_CONFIG = {
-    (4, "small"): {"BN": 1, "BJ": 64, "num_warps": 2, "PREFETCH": False},
-    (4, "base"): {"BN": 8, "BJ": 64, "num_warps": 4, "PREFETCH": False},
-    (4, "long"): {"BN": 4, "BJ": 128, "num_warps": 4, "PREFETCH": False},
-    (4, "head"): {"BN": 4, "BJ": 64, "num_warps": 2, "PREFETCH": False},
-    (8, "small"): {"BN": 2, "BJ": 128, "num_warps": 4, "PREFETCH": False},
-    (8, "base"): {"BN": 2, "BJ": 128, "num_warps": 4, "PREFETCH": False},
-    (8, "long"): {"BN": 4, "BJ": 128, "num_warps": 4, "PREFETCH": False},
-    (8, "head"): {"BN": 2, "BJ": 32, "num_warps": 1, "PREFETCH": False},
+    (4, "small"): {"BN": 1, "BJ": 64, "num_warps": 2},
+    (4, "base"): {"BN": 8, "BJ": 64, "num_warps": 4},
+    (4, "long"): {"BN": 4, "BJ": 128, "num_warps": 4},
+    (4, "head"): {"BN": 4, "BJ": 64, "num_warps": 2},
+    (8, "small"): {"BN": 2, "BJ": 128, "num_warps": 4},
+    (8, "base"): {"BN": 2, "BJ": 128, "num_warps": 4},
+    (8, "long"): {"BN": 4, "BJ": 128, "num_warps": 4},
+    (8, "head"): {"BN": 2, "BJ": 32, "num_warps": 1},
 }
 
 # prefill GEMM tiles for m >= 256 rows (smaller m: smaller row tiles), chosen by scripts/gpu_tune.py
@@ -157,92 +159,114 @@ def _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NS
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2,
-                 K, QW, stride_x, stride_y,
-                 BITS: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
-                 HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                 BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, PREFETCH: tl.constexpr):
-    """One program: BN output features of one activation row, K walked BJ units at a time. A unit is 4 words
-    (16 bytes: a 4-bit chunk, or half an 8-bit chunk); codes are a [BN, BJ, 4] int32 tile (QW: words per row),
-    so each thread owns whole units: one vector load per row, and for each slot a [BJ, 4] tile of x in the same
-    register layout (no shuffles, no cross-thread sums in the loop). Masks depend on the unit and row only, which
-    keeps the loads vectorised. PREFETCH: the next step's codes and scales are loaded before this step's
-    arithmetic, so HBM latency overlaps it (registers for two tiles)."""
+def _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, nw_ptr, j, NU, BITS: tl.constexpr, G: tl.constexpr,
+               QOFF: tl.constexpr, HAS_MIN: tl.constexpr, MASKED: tl.constexpr, NORM: tl.constexpr):
+    """acc [BN, BJ] += the products of units ``j`` (codes ``words`` [BN, BJ, 4], scales of their low and high
+    groups) with x; x is read as [BJ, 4] tiles in the register layout of the codes (no shuffles). NORM: x is
+    multiplied by the norm weight (``nw_ptr``) and its squares are summed into ``ss`` ([BJ, 4])."""
     UPC: tl.constexpr = BITS // 4  # units per 32-weight chunk
     NS: tl.constexpr = 32 // BITS  # slots per word
     CODE: tl.constexpr = (1 << BITS) - 1
     HALF: tl.constexpr = NS // 2  # slots below HALF hold weights 0..15 of the chunk
     SHIFT: tl.constexpr = 12 if BITS == 4 else 16
+    jmask = j < NU
+    c = j // UPC
+    ko = (c * 32 + (j % UPC) * 4)[:, None] + tl.arange(0, 4)[None, :]  # + 4*UPC*s: weight NW*s + w of the chunk
+    xp = xrow + ko
+    hi_words = words >> SHIFT
+    dot0 = tl.zeros(words.shape, dtype=tl.float32)  # weights 0..15 (G == 16) or all 32
+    dot1 = tl.zeros(words.shape, dtype=tl.float32)  # weights 16..31 (G == 16 only)
+    xs0 = tl.zeros(xp.shape, dtype=tl.float32)
+    xs1 = tl.zeros(xp.shape, dtype=tl.float32)
+    for s in tl.static_range(NS):
+        if MASKED:
+            xv = tl.load(xp + 4 * UPC * s, mask=jmask[:, None], other=0.0)
+        else:
+            xv = tl.load(xp + 4 * UPC * s)
+        if NORM:
+            ss += xv * xv
+            if MASKED:
+                xv = xv * tl.load(nw_ptr + ko + 4 * UPC * s, mask=jmask[:, None], other=0.0)
+            else:
+                xv = xv * tl.load(nw_ptr + ko + 4 * UPC * s)
+        # the code stays in place (bits pos..pos+BITS-1) under the exponent 23 - pos: the float 2^(23-pos) + code
+        # in one LOP3; slots reaching bit 23 come from one shifted copy of the words
+        pos = BITS * s if BITS * s + BITS <= 23 else BITS * s - SHIFT
+        if BITS * s + BITS <= 23:
+            bits = (words & (CODE << pos)) | ((150 - pos) << 23)
+        else:
+            bits = (hi_words & (CODE << pos)) | ((150 - pos) << 23)
+        wv = bits.to(tl.float32, bitcast=True) - ((1 << (23 - pos)) + QOFF)
+        if G == 16 and s >= HALF:
+            dot1 += wv * xv[None, :, :]
+            if HAS_MIN:
+                xs1 += xv
+        else:
+            dot0 += wv * xv[None, :, :]
+            if HAS_MIN:
+                xs0 += xv
+    acc += s0 * tl.sum(dot0, axis=2)
+    if G == 16:
+        acc += s1 * tl.sum(dot1, axis=2)
+    if HAS_MIN:
+        acc -= m0 * tl.sum(xs0, axis=1)[None, :]
+        if G == 16:
+            acc -= m1 * tl.sum(xs1, axis=1)[None, :]
+    return acc, ss
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, nw_ptr,
+                 N, N1, N2, K, QW, stride_x, stride_y, eps,
+                 BITS: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
+                 HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
+                 BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, PDL: tl.constexpr):
+    """One program: BN output features of one activation row, K walked BJ units at a time. A unit is 4 words
+    (16 bytes: a 4-bit chunk, or half an 8-bit chunk); codes are a [BN, BJ, 4] int32 tile (QW: words per row),
+    so each thread owns whole units: one vector load per row, and for each slot a [BJ, 4] tile of x in the same
+    register layout (no shuffles, no cross-thread sums in the loop). Masks depend on the unit and row only, which
+    keeps the loads vectorised. The first step's codes and scales are loaded before waiting for the previous
+    kernel (PDL): most decode matrices are one or two steps long, so their weights stream during its tail.
+    NORM: y = W (x * nw) / rms(x): the RMSNorm of x folded in (every program reads all of x anyway), so the
+    norm costs no launch and no pass over memory."""
+    UPC: tl.constexpr = BITS // 4
+    pdl.allow_next(PDL)
     pid = tl.program_id(0)
     m = tl.program_id(1)
     rows = pid * BN + tl.arange(0, BN)
     rmask = rows < N
     jj = tl.arange(0, BJ)
-    wj = tl.arange(0, 4)
     NU = K // 32 * UPC
     NG = K // G
     NSB = K // SB
-    acc = tl.zeros([BN, BJ], dtype=tl.float32)
     xrow = x_ptr + m * stride_x
     qrow = q_ptr + rows[:, None, None] * QW
-    if PREFETCH:
-        nwords, ns0, nm0, ns1, nm1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU, NG, NSB,
-                                                UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
-    for j0 in range(0, NU, BJ):
+    words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU, NG, NSB,
+                                       UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
+    pdl.wait_prev(PDL)
+    ss = tl.zeros([BJ, 4], dtype=tl.float32)
+    acc, ss = _gemv_step(tl.zeros([BN, BJ], dtype=tl.float32), ss, words, s0, m0, s1, m1, xrow, nw_ptr, jj, NU,
+                         BITS, G, QOFF, HAS_MIN, MASKED, NORM)
+    for j0 in range(BJ, NU, BJ):
         j = j0 + jj
-        jmask = j < NU
-        c = j // UPC
-        if PREFETCH:
-            words, s0, m0, s1, m1 = nwords, ns0, nm0, ns1, nm1
-            nwords, ns0, nm0, ns1, nm1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j + BJ, NU,
-                                                    NG, NSB, UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, True)
-        else:
-            words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB,
-                                               UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
-        xp = xrow + (c * 32 + (j % UPC) * 4)[:, None] + wj[None, :]  # + 4*UPC*s: weight NW*s + w of the chunk
-        hi_words = words >> SHIFT
-        dot0 = tl.zeros([BN, BJ, 4], dtype=tl.float32)  # weights 0..15 (G == 16) or all 32
-        dot1 = tl.zeros([BN, BJ, 4], dtype=tl.float32)  # weights 16..31 (G == 16 only)
-        xs0 = tl.zeros([BJ, 4], dtype=tl.float32)
-        xs1 = tl.zeros([BJ, 4], dtype=tl.float32)
-        for s in tl.static_range(NS):
-            if MASKED:
-                xv = tl.load(xp + 4 * UPC * s, mask=jmask[:, None], other=0.0)
-            else:
-                xv = tl.load(xp + 4 * UPC * s)
-            # the code stays in place (bits pos..pos+BITS-1) under the exponent 23 - pos: the float 2^(23-pos) + code
-            # in one LOP3; slots reaching bit 23 come from one shifted copy of the words
-            pos = BITS * s if BITS * s + BITS <= 23 else BITS * s - SHIFT
-            if BITS * s + BITS <= 23:
-                bits = (words & (CODE << pos)) | ((150 - pos) << 23)
-            else:
-                bits = (hi_words & (CODE << pos)) | ((150 - pos) << 23)
-            wv = bits.to(tl.float32, bitcast=True) - ((1 << (23 - pos)) + QOFF)
-            if G == 16 and s >= HALF:
-                dot1 += wv * xv[None, :, :]
-                if HAS_MIN:
-                    xs1 += xv
-            else:
-                dot0 += wv * xv[None, :, :]
-                if HAS_MIN:
-                    xs0 += xv
-        acc += s0 * tl.sum(dot0, axis=2)
-        if G == 16:
-            acc += s1 * tl.sum(dot1, axis=2)
-        if HAS_MIN:
-            acc -= m0 * tl.sum(xs0, axis=1)[None, :]
-            if G == 16:
-                acc -= m1 * tl.sum(xs1, axis=1)[None, :]
+        words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB,
+                                           UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
+        acc, ss = _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, nw_ptr, j, NU, BITS, G, QOFF, HAS_MIN, MASKED,
+                             NORM)
     y = tl.sum(acc, axis=1)
+    if NORM:
+        y = y / tl.sqrt(tl.sum(tl.sum(ss, axis=1), axis=0) / K + eps)
     _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
 
 
 @triton.jit
 def _gemv_dense_kernel(x_ptr, w_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, K, WS, stride_x, stride_y,
                        HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr):
+                       BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
     """One program: BN features of one row of x against a float16/bfloat16/float32 matrix."""
+    pdl.allow_next(PDL)
+    pdl.wait_prev(PDL)
     pid = tl.program_id(0)
     m = tl.program_id(1)
     rows = pid * BN + tl.arange(0, BN)
@@ -350,14 +374,16 @@ class _Epilogue:
         return dict(HAS_RES=self.residual is not None, HAS_BIAS=self.bias is not None, SPLIT=self.split)
 
 
-def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue) -> None:
+def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue, norm: tuple[torch.Tensor, float] | None) -> None:
     m, k = x.shape
     stride_y = ep.out.stride(0)
     if w.kind == "dense":
+        if norm is not None:
+            x = rms_norm(x, norm[0], norm[1])
         bn = 4
         _gemv_dense_kernel[(triton.cdiv(w.n, bn), m)](x, w.q, *ep.args(), w.n, *ep.bounds, k, w.q.stride(0),
                                                       x.stride(0), stride_y, BN=bn, BK=256, num_warps=4,
-                                                      **ep.flags())
+                                                      **ep.flags(), **pdl.launch())
         return
     bits = 4 if w.kind == "q4" else 8
     cfg = GEMV_CONFIG[(bits, gemv_class(w.n, k))]
@@ -366,18 +392,19 @@ def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue) -> None:
     words = w.q.view(torch.int32)
     meta = _meta(w)
     del meta["KIND"]
-    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), w.n, *ep.bounds, k,
-                                            words.stride(0), x.stride(0), stride_y, BITS=bits, BN=bn, BJ=bj,
-                                            MASKED=bool(units % bj or w.n % bn),
-                                            PREFETCH=cfg["PREFETCH"] and units > bj, num_warps=cfg["num_warps"],
-                                            **ep.flags(), **meta)
+    nw, eps = norm if norm is not None else (x, 0.0)
+    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), nw, w.n, *ep.bounds, k,
+                                            words.stride(0), x.stride(0), stride_y, eps, BITS=bits, BN=bn, BJ=bj,
+                                            MASKED=bool(units % bj or w.n % bn), NORM=norm is not None,
+                                            num_warps=cfg["num_warps"], **ep.flags(), **meta, **pdl.launch())
 
 
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, exact: bool = False, bias: torch.Tensor | None = None,
-            outs: list[torch.Tensor] | None = None) -> torch.Tensor:
+            outs: list[torch.Tensor] | None = None, norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias) (+ residual)``: x (m, k) float32 contiguous rows → (m, n) float32 (written into ``out``;
     ``residual`` may be ``out``). ``outs``: instead, column blocks into these contiguous (m, n_i) arrays (≤ 3).
+    ``norm`` = (weight, eps): multiply ``rms_norm(x)`` instead of x (folded into the GEMV).
 
     ``exact``: the prefill GEMM multiplies in IEEE fp32 instead of tf32."""
     m, k = x.shape
@@ -389,9 +416,11 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
         out = torch.empty((m, w.n), dtype=torch.float32, device=x.device)
     assert residual is None or residual.stride(0) == out.stride(0)
     ep = _Epilogue(out, residual, bias, outs, w.n)
-    if m <= _GEMV_MAX_ROWS:
-        _gemv(x, w, ep)
+    if m <= GEMV_MAX_ROWS:
+        _gemv(x, w, ep, norm)
     else:
+        if norm is not None:
+            x = rms_norm(x, norm[0], norm[1])
         meta = _meta(w)
         if m >= 256:
             cfg = GEMM_CONFIG

@@ -10,11 +10,15 @@ import torch
 import triton
 import triton.language as tl
 
+from quanta.backends.cuda import pdl
+
 _BLOCK = 2048
 
 
 @triton.jit
-def _block_argmax_kernel(x_ptr, vmax_ptr, imax_ptr, N, BLOCK: tl.constexpr):
+def _block_argmax_kernel(x_ptr, vmax_ptr, imax_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.allow_next(PDL)
+    pdl.wait_prev(PDL)
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < N, other=-float("inf"))
@@ -25,7 +29,9 @@ def _block_argmax_kernel(x_ptr, vmax_ptr, imax_ptr, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _final_argmax_kernel(vmax_ptr, imax_ptr, out_ptr, NB, BLOCK: tl.constexpr):
+def _final_argmax_kernel(vmax_ptr, imax_ptr, out_ptr, NB, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.allow_next(PDL)
+    pdl.wait_prev(PDL)
     offs = tl.arange(0, BLOCK)
     v = tl.load(vmax_ptr + offs, mask=offs < NB, other=-float("inf"))
     i = tl.load(imax_ptr + offs, mask=offs < NB, other=2147483647)
@@ -46,7 +52,7 @@ class Argmax:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The index of the largest element of ``x`` as a (1,) int32 device tensor."""
         assert x.numel() == self.n and x.is_contiguous()
-        _block_argmax_kernel[(self.nb,)](x, self.vmax, self.imax, self.n, BLOCK=_BLOCK)
+        _block_argmax_kernel[(self.nb,)](x, self.vmax, self.imax, self.n, BLOCK=_BLOCK, **pdl.launch())
         _final_argmax_kernel[(1,)](self.vmax, self.imax, self.out, self.nb,
-                                   BLOCK=triton.next_power_of_2(self.nb))
+                                   BLOCK=triton.next_power_of_2(self.nb), **pdl.launch())
         return self.out

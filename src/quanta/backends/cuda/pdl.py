@@ -1,0 +1,42 @@
+"""Programmatic dependent launch (Hopper and newer): a kernel may start while the one before it finishes.
+
+Decode launches ~10 small kernels per layer; each pays a launch, a ramp-up and a memory latency before its first
+byte arrives. With PDL every kernel first lets the next one launch (``allow_next``), and the next one loads what
+no earlier kernel writes (weights, norm weights) before it waits for its predecessor (``wait_prev``): the weight
+stream of one kernel overlaps the tail of the last. Every kernel launched with PDL must call ``wait_prev`` before
+it reads or writes any activation, cache or scratch memory. Off under the Triton interpreter and before sm_90,
+and with ``QUANTA_PDL=0``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+_enabled = False
+
+
+def enable(on: bool) -> None:
+    """Switch PDL launches on (the CUDA backend does, on sm_90+ unless ``QUANTA_PDL=0``)."""
+    global _enabled
+    _enabled = on and os.environ.get("QUANTA_PDL", "1") != "0"
+
+
+def launch() -> dict:
+    """Kernel keyword arguments: the ``PDL`` constexpr and Triton's launch option."""
+    return {"PDL": _enabled, "launch_pdl": _enabled}
+
+
+@triton.jit
+def allow_next(PDL: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def wait_prev(PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
