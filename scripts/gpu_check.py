@@ -215,10 +215,11 @@ def compare(models: list[tuple[str, Path]], n_tokens: int = 32) -> None:
         text = list(rng.integers(5, min(vocab, 30000), size=64))
         res = {}
         for label, be in (("cpu", CPUBackend(exact=True)), ("cuda", CUDABackend("cuda", exact=True)),
-                          ("cuda-eager", CUDABackend("cuda", exact=True, graphs=False))):
+                          ("cuda-eager", CUDABackend("cuda", exact=True, graphs=False)),
+                          ("cuda-fast", CUDABackend("cuda"))):
             model = load_model(g, be, 256)
             toks = []
-            for p in prompts:
+            for p in prompts if label != "cuda-fast" else []:
                 cache = be.kv_cache(model.kv_shape())
                 toks.append(greedy(be, model, cache, [int(x) for x in p], n_tokens))
             lg = None
@@ -234,13 +235,18 @@ def compare(models: list[tuple[str, Path]], n_tokens: int = 32) -> None:
         p_cpu, p_gpu = ppl(cpu[1], text), ppl(gpu[1], text)
         maxdiff = float(np.abs(cpu[1] - gpu[1]).max())
         graph_ok = gpu[0] == eager[0]
+        fast = res["cuda-fast"][1]  # default mode: bf16 prefill GEMM, against the CPU's exact logits
+        top1_fast = float(np.mean(cpu[1].argmax(1) == fast.argmax(1)))
+        ppl_fast = ppl(fast, text)
         row = dict(model=name, prompts_equal=f"{same}/{len(prompts)}", first_diff=first_diff, top1=top1,
                    ppl_cpu=p_cpu, ppl_gpu=p_gpu, ppl_rel=abs(p_gpu - p_cpu) / p_cpu, max_logit_diff=maxdiff,
-                   graph_equals_eager=graph_ok, seconds=time.perf_counter() - t0)
+                   graph_equals_eager=graph_ok, top1_fast=top1_fast, ppl_fast=ppl_fast,
+                   ppl_rel_fast=abs(ppl_fast - p_cpu) / p_cpu, seconds=time.perf_counter() - t0)
         say("  ", json.dumps(row))
         rows.append(row)
         SUMMARY.append(f"{name:26s} tokens {same}/{len(prompts)} equal (first diff {first_diff}), top-1 {top1:.3f}, "
-                       f"ppl {p_cpu:.3f}/{p_gpu:.3f} ({100 * row['ppl_rel']:.3f}%), graph==eager {graph_ok}")
+                       f"ppl {p_cpu:.3f}/{p_gpu:.3f} ({100 * row['ppl_rel']:.3f}%), graph==eager {graph_ok}; "
+                       f"fast: top-1 {top1_fast:.3f}, ppl {100 * row['ppl_rel_fast']:.3f}%")
         g.close()
     RESULTS.setdefault("compare", []).extend(rows)
 
@@ -253,8 +259,6 @@ def tune() -> None:
     best = {f"{bits}-bit {cls}": cfg for (bits, cls), cfg in gpu_tune.gemv().items()}
     RESULTS["gemv_config"] = best
     SUMMARY.append(f"GEMV configs chosen by the sweep: {best}")
-    RESULTS["gemm_config"] = gpu_tune.gemm()
-    SUMMARY.append(f"prefill GEMM config chosen by the sweep: {RESULTS['gemm_config']}")
 
 
 def bytes_per_token(model) -> int:
@@ -292,22 +296,8 @@ def bench(models: list[tuple[str, Path]], bw: float, n_decode: int = 128) -> Non
         rng = np.random.default_rng(0)
         vocab = model.n_vocab
 
-        def decode_rate(depth: int) -> float:
-            prompt = rng.integers(5, min(vocab, 30000), size=max(depth, 8)).astype(np.int32)
-            logits = be.forward(model, prompt, 0, cache, all_logits=False)
-            tok, pos = be.argmax(logits[0]), len(prompt)
-            for _ in range(8):  # warm-up (graph capture at the first decode)
-                tok = be.argmax(be.forward(model, np.asarray([tok], np.int32), pos, cache, all_logits=False)[0])
-                pos += 1
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n_decode):
-                tok = be.argmax(be.forward(model, np.asarray([tok], np.int32), pos, cache, all_logits=False)[0])
-                pos += 1
-            return n_decode / (time.perf_counter() - t0)
-
-        d0 = decode_rate(0)
-        d1k = decode_rate(1024)
+        d0 = decode_rate(be, model, cache, 0, n_decode)
+        d1k = decode_rate(be, model, cache, 1024, n_decode)
         prompt512 = rng.integers(5, min(vocab, 30000), size=512).astype(np.int32)
         pf = cuda_time(lambda: be.forward(model, prompt512, 0, cache, all_logits=False), reps=5, warmup=2)
         roof = bw / nbytes
@@ -348,6 +338,51 @@ def bench(models: list[tuple[str, Path]], bw: float, n_decode: int = 128) -> Non
         torch.cuda.empty_cache()
 
 
+def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0) -> float:
+    """Greedy decode tok/s of the real loop (graph replay, device argmax, one host read per token) after a
+    ``depth``-token prompt."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(5, min(model.n_vocab, 30000), size=max(depth, 8)).astype(np.int32)
+    tok, pos = be.argmax(be.forward(model, prompt, 0, cache, all_logits=False)[0]), len(prompt)
+    for i in range(8 + n_decode):
+        if i == 8:  # after warm-up (graph capture at the first decode)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        tok = be.argmax(be.forward(model, np.asarray([tok], np.int32), pos, cache, all_logits=False)[0])
+        pos += 1
+    return n_decode / (time.perf_counter() - t0)
+
+
+@section("programmatic dependent launch off/on (alternating, same process)")
+def pdl_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
+    from quanta import gguf
+    from quanta.backends.cuda import pdl
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.models import load_model
+
+    for name, path in models:
+        g = gguf.open(path)
+        be = CUDABackend("cuda")
+        model = load_model(g, be, 2048)
+        cache = be.kv_cache(model.kv_shape())
+        rates: dict = {}
+        for _ in range(reps):
+            for depth in (0, 1024):
+                for on in (False, True):
+                    pdl.enable(on)
+                    be._graphs.clear()
+                    rates.setdefault((depth, on), []).append(decode_rate(be, model, cache, depth, 64))
+        pdl.enable(True)
+        med = {k: float(np.median(v)) for k, v in rates.items()}
+        line = (f"{name:26s} PDL off/on: decode {med[(0, False)]:.0f} / {med[(0, True)]:.0f} tok/s, "
+                f"@1024 {med[(1024, False)]:.0f} / {med[(1024, True)]:.0f} (runs {rates})")
+        say("  ", line)
+        SUMMARY.append(line[:160])
+        del model, cache, be
+        g.close()
+        torch.cuda.empty_cache()
+
+
 TTFT_CODE = """
 import cProfile, pstats, sys, time
 t0 = time.perf_counter()
@@ -380,6 +415,7 @@ def first_token(path: Path) -> None:
         env = {**os.environ, "PYTHONPATH": "src"}
         if os.environ.get("TTFT_PYCACHE"):
             env["PYTHONPYCACHEPREFIX"] = str(WORK / "pycache")
+            env.pop("PYTHONDONTWRITEBYTECODE", None)  # set on that image: an installed torch has its .pyc
         if label.startswith("cold"):
             env["TRITON_CACHE_DIR"] = str(WORK / "triton_cold_cache")
             subprocess.run(["rm", "-rf", env["TRITON_CACHE_DIR"]])
@@ -436,10 +472,8 @@ def main() -> None:
     bw = bandwidth() or 4.3e12
     if "kernels" in only:
         kernel_checks((1,) if args.quick else (1, 3, 77))
-    if "pdlab" in only:  # TinyLlama with programmatic dependent launch off, for the same-run comparison
-        os.environ["QUANTA_PDL"] = "0"
-        bench([("tinyllama-1.1b Q4_K_M (PDL off)", synth("tinyllama-1.1b", "Q4_K_M"))], bw)
-        os.environ["QUANTA_PDL"] = "1"
+    if "pdlab" in only:  # programmatic dependent launch off / on, alternating in one process
+        pdl_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
         bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)
     if "compare" in only:  # tiny models of three architectures and synthetic SmolLM2 against the CPU exact mode

@@ -1,9 +1,9 @@
-"""Sweep the GEMV / GEMM tile configurations on the GPU: each config's calls are captured back to back in a CUDA
+"""Sweep the decode GEMV's tile configurations on the GPU (the prefill GEMM has its own sweep: gpu_gemm.py): each config's calls are captured back to back in a CUDA
 graph (host launch cost excluded) over rotating weight copies (HBM, not L2).
 
-Prints, per (shape, format), the best configurations and their GB/s (GEMV) or TFLOP/s (GEMM). Used to choose the
+Prints, per (shape, format), the best configurations and their GB/s. Used to choose the
 defaults in quanta/backends/cuda/qmatmul.py; the results are recorded in docs/PERF.md, GPU journal.
-Usage: PYTHONPATH=src python3 scripts/gpu_tune.py [gemv|gemm]...
+Usage: PYTHONPATH=src python3 scripts/gpu_tune.py [gemv]
 """
 
 from __future__ import annotations
@@ -97,41 +97,7 @@ def gemv() -> dict:
     return chosen
 
 
-GEMM_CONFIGS = [  # (BM, BN, BC, num_warps, num_stages)
-    (128, 64, 1, 8, 3), (64, 64, 1, 4, 3), (64, 128, 1, 4, 3), (128, 128, 1, 8, 3), (64, 64, 2, 4, 3),
-    (128, 64, 2, 8, 3), (64, 32, 1, 4, 3), (32, 64, 1, 4, 3)]
-
-
-def gemm(m: int = 512) -> dict:
-    """Prefill GEMM tiles: the config with the least total graph time over TinyLlama's m=512 matmuls.
-    Sets qmatmul.GEMM_CONFIG and returns it."""
-    totals: dict = {}
-    for (n, k), t in (((2048, 2048), "Q4_K"), ((256, 2048), "Q4_K"), ((5632, 2048), "Q4_K"),
-                      ((2048, 5632), "Q6_K"), ((256, 2048), "Q6_K")):
-        ws = weights(t, n, k, 4)
-        x = torch.randn(m, k, device="cuda")
-        y = torch.empty(m, n, device="cuda")
-        res = []
-        for cfg in GEMM_CONFIGS:
-            qm.GEMM_CONFIG.update(dict(zip(("BM", "BN", "BC", "num_warps", "num_stages"), cfg)))
-            try:
-                s = graph_time(lambda w: qm.qmatmul(x, w, out=y), ws)
-            except Exception as e:
-                print("  skip", cfg, repr(e)[:80])
-                continue
-            res.append((s, cfg))
-            totals[cfg] = totals.get(cfg, 0.0) + s
-        res.sort()
-        fl = 2 * m * n * k
-        print(f"GEMM m={m} {t} n={n} k={k}: " + ", ".join(f"{c}: {fl / s / 1e12:.1f} TF {s * 1e6:.0f}us"
-                                                          for s, c in res[:3]), flush=True)
-    cfg, tot = min(totals.items(), key=lambda kv: kv[1])
-    print(f"GEMM best {cfg} ({tot * 1e6:.0f} us for 5 shapes)", flush=True)
-    qm.GEMM_CONFIG.update(dict(zip(("BM", "BN", "BC", "num_warps", "num_stages"), cfg)))
-    return dict(qm.GEMM_CONFIG)
-
-
 if __name__ == "__main__":
     pdl.enable(True)
-    for what in sys.argv[1:] or ["gemv", "gemm"]:
-        {"gemv": gemv, "gemm": gemm}[what]()
+    for what in sys.argv[1:] or ["gemv"]:
+        {"gemv": gemv}[what]()

@@ -164,9 +164,8 @@ class Model:
         ops, c, n = self.backend, self.config, h.shape[0]
         gate, up = ops.buffer("gate", (n, c.d_ff)), ops.buffer("up", (n, c.d_ff))
         self.project(h, layer.gate_up, {"ffn_gate": gate, "ffn_up": up}, norm)
-        act = (ops.gelu_mul if gelu else ops.silu_mul)(gate, up, out=gate)
         out = residual if residual is not None else ops.buffer("ffn_out", (n, c.d_model))
-        return ops.matmul(act, layer.ffn_down, out=out, residual=residual)
+        return ops.gated_matmul(gate, up, layer.ffn_down, gelu=gelu, out=out, residual=residual)
 
     def logits(self, x: Array, all_logits: bool, residual: Array | None = None) -> Array:
         """Final norm (of ``x + residual`` when given) and lm head (only the last row unless ``all_logits``)."""

@@ -58,3 +58,52 @@ def test_attention_matches_reference(case, device: str) -> None:
         attention(q, k_cache, v_cache, pos, scale=hd ** -0.5, window=window, softcap=softcap, out=out,
                   scratch=scratch)
         np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads, kv_heads, hd", [(8, 2, 24), (6, 1, 16)])
+def test_one_launch_decode_across_positions_and_calls(heads: int, kv_heads: int, hd: int, device: str) -> None:
+    """One scratch reused call after call (as by every layer of a CUDA graph): one live split, several, a position
+    on a split boundary (the last split holds one key), the last position, and windows that leave early splits
+    dead. The ticket counters must be back at zero after every call, or the next call would combine nothing."""
+    n_ctx = 256  # 4 splits of 64
+    rng = np.random.default_rng(heads * 100 + hd)
+    k_cache, v_cache, q = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(device)
+                           for s in ((kv_heads, n_ctx, hd), (kv_heads, n_ctx, hd), (1, heads, hd)))
+    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device))
+    assert scratch.split == 64
+    kc, vc, qn = k_cache.cpu().numpy(), v_cache.cpu().numpy(), q.cpu().numpy()
+    for pos, window, softcap in [(0, 0, 0.0), (5, 0, 0.0), (63, 0, 0.0), (64, 0, 0.0), (130, 0, 20.0), (255, 0, 0.0),
+                                 (127, 64, 0.0), (130, 50, 0.0), (64, 1, 0.0), (200, 100, 20.0), (1, 0, 0.0)]:
+        p = torch.tensor([pos], dtype=torch.int32, device=device)
+        out = torch.full((1, heads * hd), float("nan"), device=device)
+        attention(q, k_cache, v_cache, p, scale=hd ** -0.5, window=window, softcap=softcap, out=out, scratch=scratch)
+        want = reference(qn, kc, vc, np.array([pos]), hd ** -0.5, window, softcap)
+        np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"pos {pos} w {window}")
+        assert not scratch.count.cpu().numpy().any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and concurrent programs need the GPU")
+def test_one_launch_decode_in_a_cuda_graph(device: str) -> None:
+    """On the GPU the split programs run concurrently and in any order: the ticket must still elect exactly one
+    combiner per KV head, see every partial, and leave the counters at zero, replay after replay."""
+    heads, kv_heads, hd, n_ctx = 32, 4, 64, 1024
+    rng = np.random.default_rng(7)
+    k_cache, v_cache, q = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(device)
+                           for s in ((kv_heads, n_ctx, hd), (kv_heads, n_ctx, hd), (1, heads, hd)))
+    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device))
+    pos = torch.zeros(1, dtype=torch.int32, device=device)
+    out = torch.empty((1, heads * hd), device=device)
+    attention(q, k_cache, v_cache, pos, scale=hd ** -0.5, out=out, scratch=scratch)  # compiled before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention(q, k_cache, v_cache, pos, scale=hd ** -0.5, out=out, scratch=scratch)
+    kc, vc, qn = k_cache.cpu().numpy(), v_cache.cpu().numpy(), q.cpu().numpy()
+    for p in [0, 63, 64, 500, 1023]:
+        want = reference(qn, kc, vc, np.array([p]), hd ** -0.5, 0, 0.0)
+        pos.fill_(p)
+        for _ in range(20):
+            out.fill_(float("nan"))
+            graph.replay()
+            np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"pos {p}")
+        assert not scratch.count.cpu().numpy().any()

@@ -12,7 +12,8 @@ from quanta.backends.cuda.sampling import Argmax
 
 
 def _t(a: np.ndarray, device: str) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device)
+    """A fresh float32 copy: on the CPU, ``from_numpy`` would share memory with ``a`` and with other copies."""
+    return torch.from_numpy(np.array(a, dtype=np.float32)).to(device)
 
 
 def test_rms_norm_and_fused_residual(device: str) -> None:
@@ -31,9 +32,10 @@ def test_rms_norm_and_fused_residual(device: str) -> None:
 
 
 @pytest.mark.parametrize("neox", [False, True])
-def test_rope_rotates_pairs(neox: bool, device: str) -> None:
+@pytest.mark.parametrize("hd, rot", [(16, 12), (64, 64)])  # only the first `rot` dims rotate; 64: 2 head blocks
+def test_rope_rotates_pairs(neox: bool, hd: int, rot: int, device: str) -> None:
     rng = np.random.default_rng(1)
-    n, h, hd, rot = 3, 5, 16, 12  # only the first `rot` dims rotate
+    n, h = 3, 5
     x = rng.standard_normal((n, h, hd)).astype(np.float32)
     pos = np.array([0, 7, 31], np.int32)
     inv_freq = (1.0 / 10000 ** (np.arange(0, rot, 2) / rot)).astype(np.float32)
@@ -73,11 +75,13 @@ def test_argmax_takes_the_first_maximum(device: str) -> None:
 
 
 @pytest.mark.parametrize("neox", [False, True])
-def test_rope_qk_rotates_both_and_stores_the_cache(neox: bool, device: str) -> None:
+@pytest.mark.parametrize("hq, hk, hd, rot", [(4, 2, 16, 12), (5, 2, 128, 96)])  # 128: 3 query-head blocks
+def test_rope_qk_rotates_both_and_stores_the_cache(neox: bool, hq: int, hk: int, hd: int, rot: int,
+                                                   device: str) -> None:
     """One launch: q and k rotated like two rope() calls (the reference above), k and v stored in the cache at
     their positions (the unrotated tail dims too: rot < hd)."""
     rng = np.random.default_rng(3)
-    n, hq, hk, hd, rot, n_ctx = 3, 4, 2, 16, 12, 40
+    n, n_ctx = 3, 40
     q, k, v = (rng.standard_normal((n, h, hd)).astype(np.float32) for h in (hq, hk, hk))
     pos = np.array([2, 9, 33], np.int32)
     inv_freq = (1.0 / 10000 ** (np.arange(0, rot, 2) / rot)).astype(np.float32)

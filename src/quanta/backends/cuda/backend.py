@@ -18,7 +18,7 @@ import torch
 from quanta.backends.base import Array, Backend, KVShape
 from quanta.backends.cuda import activation, attention, norm, pdl, rope
 from quanta.backends.cuda.embed import embed as _embed
-from quanta.backends.cuda.qmatmul import GEMV_MAX_ROWS, qmatmul
+from quanta.backends.cuda.qmatmul import GEMV_MAX_ROWS, Pre, qmatmul
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight, fuse, repack
 from quanta.backends.cuda.sampling import Argmax
 from quanta.errors import QuantaError
@@ -153,8 +153,12 @@ class CUDABackend(Backend):
                     out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                     outs: list[torch.Tensor] | None = None) -> torch.Tensor:
         if outs:
-            return qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact, norm=(norm, eps))
-        return qmatmul(x, w, out=out, bias=bias, exact=self.exact, norm=(norm, eps))
+            return qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact, pre=Pre.norm(norm, eps))
+        return qmatmul(x, w, out=out, bias=bias, exact=self.exact, pre=Pre.norm(norm, eps))
+
+    def gated_matmul(self, gate: torch.Tensor, up: torch.Tensor, w: PackedWeight, *, gelu: bool = False,
+                     out: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return qmatmul(gate, w, out=out, residual=residual, exact=self.exact, pre=Pre.gated(up, gelu))
 
     def embed(self, w: PackedWeight, token_ids: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         return _embed(w, token_ids, out=out)

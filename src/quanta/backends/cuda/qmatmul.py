@@ -1,13 +1,12 @@
-"""``y = x @ W.T (+ bias) (+ residual)`` on a packed quantized weight: a fused-dequant GEMV for few rows (decode) and a
-fused-dequant GEMM through ``tl.dot`` for many rows (prefill).
+"""``y = x @ W.T (+ bias) (+ residual)`` on a packed quantized weight: a fused-dequant GEMV for few rows (decode); more
+rows (prefill) go to the tensor-core GEMM of gemm.py.
 
 Layout (see repack.py): a row of W is read as chunks of 32 weights; chunk ``c`` is 4 (4-bit) or 8 (8-bit) 32-bit
 words whose slot ``s`` of word ``w`` holds weight ``32c + NW*s + w`` (NW = words per chunk), or 32 floats (dense).
 The GEMV gives each thread whole 16-byte units (a 4-bit chunk, half an 8-bit chunk): one vector load per row and
 unit, and for each slot a contiguous 4-float slice of x, so the inner loop is one LOP3 (mask | exponent), one FADD
 and one FFMA per weight (the code becomes a float by an exponent trick, see _gemv_kernel, with the format's offset
-folded into the FADD). The GEMM and the embedding gather "low" (weights 0..15) and "high" (16..31) halves of each
-chunk as [rows, chunks, 16] tiles.
+folded into the FADD). The prefill GEMM (tensor cores) is gemm.py.
 Group scales apply per chunk (G = 32) or per half chunk (G = 16):
 
     y[r] = sum_g  d*sc * sum_{c in g} (q_c - QOFF) x_c  -  dmin*mn * sum_{c in g} x_c
@@ -22,11 +21,14 @@ Tested under TRITON_INTERPRET=1 against gguf-py's dequantize followed by a float
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
+from quanta.backends.cuda.activation import _tanh, gelu_mul, silu_mul
 from quanta.backends.cuda.norm import rms_norm
 from quanta.backends.cuda.repack import PackedWeight
 
@@ -44,10 +46,6 @@ GEMV_CONFIG = {
     (8, "long"): {"BN": 4, "BJ": 128, "num_warps": 4},
     (8, "head"): {"BN": 2, "BJ": 32, "num_warps": 1},
 }
-
-# prefill GEMM tiles for m >= 256 rows (smaller m: smaller row tiles), chosen by scripts/gpu_tune.py
-GEMM_CONFIG = {"BM": 128, "BN": 64, "BC": 2, "num_warps": 8, "num_stages": 3}
-
 
 def gemv_class(n: int, k: int) -> str:
     """The tile class of an (n, k) matrix for the GEMV: an lm head, a long-row (down) projection, a small (k/v)
@@ -71,46 +69,6 @@ def _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N
         tl.store(y2_ptr + m * (N - N2) + (rows - N2), y, mask=rmask & (rows >= N2))
     else:
         tl.store(y_ptr + m * stride_y + rows, y, mask=rmask)
-
-
-@triton.jit
-def _byte_to_f32(v):
-    """An int32 in [0, 255] as float32, exactly, without the slow integer→float conversion (1/4 rate on Hopper):
-    the bits 0x4B000000 | v are the float 2^23 + v."""
-    return (v | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-
-
-@triton.jit
-def _load_halves(q_ptr, rows, rmask, kc, kj, QS, kmask, KIND: tl.constexpr, MASKED: tl.constexpr):
-    """Unsigned codes of the low and high half of each chunk in weight order: two [R, C, 16] float32 tiles
-    (QS: the code row stride in bytes, kc: [C, 1] chunk indices, kj: [1, 16])."""
-    if KIND == 0:  # weight 4s + w: byte 4w + s//2, nibble s % 2
-        lo_ptr = q_ptr + rows[:, None, None] * QS + (kc * 16 + 4 * (kj % 4) + kj // 8)[None, :, :]
-        hi_ptr = lo_ptr + 2
-        shift = (4 * ((kj // 4) % 2))[None, :, :]
-    elif KIND == 1:  # weight 8s + w: byte 4w + s
-        lo_ptr = q_ptr + rows[:, None, None] * QS + (kc * 32 + 4 * (kj % 8) + kj // 8)[None, :, :]
-        hi_ptr = lo_ptr + 2
-    else:  # dense floats
-        lo_ptr = q_ptr + rows[:, None, None] * QS + (kc * 32 + kj)[None, :, :]
-        hi_ptr = lo_ptr + 16
-    if MASKED:
-        m = rmask[:, None, None] & kmask[None, :, :]
-        a = tl.load(lo_ptr, mask=m, other=0)
-        b = tl.load(hi_ptr, mask=m, other=0)
-    else:
-        a = tl.load(lo_ptr)
-        b = tl.load(hi_ptr)
-    if KIND == 0:
-        lo = _byte_to_f32((a.to(tl.int32) >> shift) & 15)
-        hi = _byte_to_f32((b.to(tl.int32) >> shift) & 15)
-    elif KIND == 1:
-        lo = _byte_to_f32(a.to(tl.int32))
-        hi = _byte_to_f32(b.to(tl.int32))
-    else:
-        lo = a.to(tl.float32)
-        hi = b.to(tl.float32)
-    return lo, hi
 
 
 @triton.jit
@@ -159,11 +117,12 @@ def _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NS
 
 
 @triton.jit
-def _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, nw_ptr, j, NU, BITS: tl.constexpr, G: tl.constexpr,
-               QOFF: tl.constexpr, HAS_MIN: tl.constexpr, MASKED: tl.constexpr, NORM: tl.constexpr):
+def _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, x2row, j, NU, BITS: tl.constexpr, G: tl.constexpr,
+               QOFF: tl.constexpr, HAS_MIN: tl.constexpr, MASKED: tl.constexpr, PRE: tl.constexpr):
     """acc [BN, BJ] += the products of units ``j`` (codes ``words`` [BN, BJ, 4], scales of their low and high
-    groups) with x; x is read as [BJ, 4] tiles in the register layout of the codes (no shuffles). NORM: x is
-    multiplied by the norm weight (``nw_ptr``) and its squares are summed into ``ss`` ([BJ, 4])."""
+    groups) with x; x is read as [BJ, 4] tiles in the register layout of the codes (no shuffles). The input as
+    loaded (PRE, see _gemv_kernel): x (0); x times the norm weight ``x2row``, its squares summed into ``ss``
+    ([BJ, 4]) (1); silu(x) * x2 (2); gelu(x) * x2 (3)."""
     UPC: tl.constexpr = BITS // 4  # units per 32-weight chunk
     NS: tl.constexpr = 32 // BITS  # slots per word
     CODE: tl.constexpr = (1 << BITS) - 1
@@ -183,12 +142,18 @@ def _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, nw_ptr, j, NU, BITS: tl.con
             xv = tl.load(xp + 4 * UPC * s, mask=jmask[:, None], other=0.0)
         else:
             xv = tl.load(xp + 4 * UPC * s)
-        if NORM:
-            ss += xv * xv
+        if PRE != 0:
             if MASKED:
-                xv = xv * tl.load(nw_ptr + ko + 4 * UPC * s, mask=jmask[:, None], other=0.0)
+                x2 = tl.load(x2row + ko + 4 * UPC * s, mask=jmask[:, None], other=0.0)
             else:
-                xv = xv * tl.load(nw_ptr + ko + 4 * UPC * s)
+                x2 = tl.load(x2row + ko + 4 * UPC * s)
+            if PRE == 1:
+                ss += xv * xv
+            elif PRE == 2:
+                xv = xv / (1.0 + tl.exp(-xv))
+            else:
+                xv = 0.5 * xv * (1.0 + _tanh(0.7978845608028654 * (xv + 0.044715 * xv * xv * xv)))
+            xv = xv * x2
         # the code stays in place (bits pos..pos+BITS-1) under the exponent 23 - pos: the float 2^(23-pos) + code
         # in one LOP3; slots reaching bit 23 come from one shifted copy of the words
         pos = BITS * s if BITS * s + BITS <= 23 else BITS * s - SHIFT
@@ -216,11 +181,11 @@ def _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, nw_ptr, j, NU, BITS: tl.con
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, nw_ptr,
+def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, x2_ptr,
                  N, N1, N2, K, QW, stride_x, stride_y, eps,
                  BITS: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRE: tl.constexpr,
                  BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, PDL: tl.constexpr):
     """One program: BN output features of one activation row, K walked BJ units at a time. A unit is 4 words
     (16 bytes: a 4-bit chunk, or half an 8-bit chunk); codes are a [BN, BJ, 4] int32 tile (QW: words per row),
@@ -228,8 +193,9 @@ def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, 
     register layout (no shuffles, no cross-thread sums in the loop). Masks depend on the unit and row only, which
     keeps the loads vectorised. The first step's codes and scales are loaded before waiting for the previous
     kernel (PDL): most decode matrices are one or two steps long, so their weights stream during its tail.
-    NORM: y = W (x * nw) / rms(x): the RMSNorm of x folded in (every program reads all of x anyway), so the
-    norm costs no launch and no pass over memory."""
+    PRE folds the op that made the input into the load of x (every program reads all of x anyway), so it costs
+    no launch and no pass over memory: 1, RMSNorm: y = W (x * x2) / rms(x) with x2 the norm weight; 2 and 3, the
+    gated activation of the down projection: x = act(gate) * up with gate at x, up at x2 (same row stride)."""
     UPC: tl.constexpr = BITS // 4
     pdl.allow_next(PDL)
     pid = tl.program_id(0)
@@ -241,21 +207,22 @@ def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, 
     NG = K // G
     NSB = K // SB
     xrow = x_ptr + m * stride_x
+    x2row = x2_ptr if PRE == 1 else x2_ptr + m * stride_x
     qrow = q_ptr + rows[:, None, None] * QW
     words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU, NG, NSB,
                                        UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
     pdl.wait_prev(PDL)
     ss = tl.zeros([BJ, 4], dtype=tl.float32)
-    acc, ss = _gemv_step(tl.zeros([BN, BJ], dtype=tl.float32), ss, words, s0, m0, s1, m1, xrow, nw_ptr, jj, NU,
-                         BITS, G, QOFF, HAS_MIN, MASKED, NORM)
+    acc, ss = _gemv_step(tl.zeros([BN, BJ], dtype=tl.float32), ss, words, s0, m0, s1, m1, xrow, x2row, jj, NU,
+                         BITS, G, QOFF, HAS_MIN, MASKED, PRE)
     for j0 in range(BJ, NU, BJ):
         j = j0 + jj
         words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB,
                                            UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
-        acc, ss = _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, nw_ptr, j, NU, BITS, G, QOFF, HAS_MIN, MASKED,
-                             NORM)
+        acc, ss = _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, x2row, j, NU, BITS, G, QOFF, HAS_MIN, MASKED,
+                             PRE)
     y = tl.sum(acc, axis=1)
-    if NORM:
+    if PRE == 1:
         y = y / tl.sqrt(tl.sum(tl.sum(ss, axis=1), axis=0) / K + eps)
     _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
 
@@ -280,66 +247,6 @@ def _gemv_dense_kernel(x_ptr, w_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, N, N
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
     _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
-
-
-@triton.jit
-def _dequant_halves(q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, cg, kj, K, QS,
-                    KIND: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
-                    HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, MASKED: tl.constexpr):
-    """Dequantized weights of the low and high chunk halves: two [R, C, 16] float32 tiles."""
-    kc = cg[:, None]
-    cmask = cg < K // 32
-    lo, hi = _load_halves(q_ptr, rows, rmask, kc, kj, QS, tl.broadcast_to(kc < K // 32, (kc.shape[0], 16)),
-                          KIND, MASKED)
-    if KIND != 2:
-        NG = K // G
-        NSB = K // SB
-        if G == 32:
-            s, mn = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, cg, cmask, NG, NSB,
-                                 G, SB, HAS_SC, HAS_MIN, HAS_MN)
-            lo = (lo - QOFF) * s[:, :, None] - mn[:, :, None]
-            hi = (hi - QOFF) * s[:, :, None] - mn[:, :, None]
-        else:
-            s0, m0 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, 2 * cg, cmask, NG, NSB,
-                                  G, SB, HAS_SC, HAS_MIN, HAS_MN)
-            s1, m1 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, 2 * cg + 1, cmask, NG, NSB,
-                                  G, SB, HAS_SC, HAS_MIN, HAS_MN)
-            lo = (lo - QOFF) * s0[:, :, None] - m0[:, :, None]
-            hi = (hi - QOFF) * s1[:, :, None] - m1[:, :, None]
-    return lo, hi
-
-
-@triton.jit
-def _gemm_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, M, N, N1, N2,
-                 K, QS, stride_x, stride_y,
-                 KIND: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
-                 HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BC: tl.constexpr, PRECISION: tl.constexpr):
-    """One program: a [BM, BN] output tile; weights dequantized per [BN, BC*32] tile, products on tensor cores
-    (tf32: float32 range, since activations of some models overflow float16)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    mrows = pid_m * BM + tl.arange(0, BM)
-    mmask = mrows < M
-    rows = pid_n * BN + tl.arange(0, BN)
-    rmask = rows < N
-    cj = tl.arange(0, BC)
-    kj = tl.arange(0, 16)[None, :]
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for c0 in range(0, K // 32, BC):
-        kc = (c0 + cj)[:, None]
-        kmask = tl.broadcast_to(kc < K // 32, (BC, 16))
-        xo = mrows[:, None, None] * stride_x + (kc * 32 + kj)[None, :, :]
-        xm = mmask[:, None, None] & kmask[None, :, :]
-        xlo = tl.reshape(tl.load(x_ptr + xo, mask=xm, other=0), (BM, BC * 16))
-        xhi = tl.reshape(tl.load(x_ptr + xo + 16, mask=xm, other=0), (BM, BC * 16))
-        lo, hi = _dequant_halves(q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, c0 + cj, kj, K, QS,
-                                 KIND, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN, True)
-        acc = tl.dot(xlo, tl.trans(tl.reshape(lo, (BN, BC * 16))), acc, input_precision=PRECISION)
-        acc = tl.dot(xhi, tl.trans(tl.reshape(hi, (BN, BC * 16))), acc, input_precision=PRECISION)
-    _epilogue(acc, mrows[:, None], rows[None, :], mmask[:, None] & rmask[None, :], b_ptr, res_ptr, y_ptr, y1_ptr,
-              y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
 
 
 def _meta(w: PackedWeight) -> dict:
@@ -374,12 +281,36 @@ class _Epilogue:
         return dict(HAS_RES=self.residual is not None, HAS_BIAS=self.bias is not None, SPLIT=self.split)
 
 
-def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue, norm: tuple[torch.Tensor, float] | None) -> None:
+@dataclass(frozen=True)
+class Pre:
+    """The op that makes a matmul's input, folded into the GEMV's load of x (applied first otherwise):
+    ``rms_norm(x, other, eps)`` (kind 1) or ``act(x) * other`` (2: silu, 3: gelu; other has x's shape; applied
+    in place into x)."""
+
+    kind: int
+    other: torch.Tensor
+    eps: float = 0.0
+
+    @staticmethod
+    def norm(weight: torch.Tensor, eps: float) -> Pre:
+        return Pre(1, weight, eps)
+
+    @staticmethod
+    def gated(up: torch.Tensor, gelu: bool) -> Pre:
+        return Pre(3 if gelu else 2, up)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == 1:
+            return rms_norm(x, self.other, self.eps)
+        return (gelu_mul if self.kind == 3 else silu_mul)(x, self.other, out=x)  # the gate is scratch
+
+
+def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue, pre: Pre | None) -> None:
     m, k = x.shape
     stride_y = ep.out.stride(0)
     if w.kind == "dense":
-        if norm is not None:
-            x = rms_norm(x, norm[0], norm[1])
+        if pre is not None:
+            x = pre.apply(x)
         bn = 4
         _gemv_dense_kernel[(triton.cdiv(w.n, bn), m)](x, w.q, *ep.args(), w.n, *ep.bounds, k, w.q.stride(0),
                                                       x.stride(0), stride_y, BN=bn, BK=256, num_warps=4,
@@ -392,19 +323,20 @@ def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue, norm: tuple[torch.Ten
     words = w.q.view(torch.int32)
     meta = _meta(w)
     del meta["KIND"]
-    nw, eps = norm if norm is not None else (x, 0.0)
-    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), nw, w.n, *ep.bounds, k,
-                                            words.stride(0), x.stride(0), stride_y, eps, BITS=bits, BN=bn, BJ=bj,
-                                            MASKED=bool(units % bj or w.n % bn), NORM=norm is not None,
+    assert pre is None or pre.kind == 1 or pre.other.stride() == x.stride()
+    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), pre.other if pre else x, w.n,
+                                            *ep.bounds, k, words.stride(0), x.stride(0), stride_y,
+                                            pre.eps if pre else 0.0, BITS=bits, BN=bn, BJ=bj,
+                                            MASKED=bool(units % bj or w.n % bn), PRE=pre.kind if pre else 0,
                                             num_warps=cfg["num_warps"], **ep.flags(), **meta, **pdl.launch())
 
 
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, exact: bool = False, bias: torch.Tensor | None = None,
-            outs: list[torch.Tensor] | None = None, norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+            outs: list[torch.Tensor] | None = None, pre: Pre | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias) (+ residual)``: x (m, k) float32 contiguous rows → (m, n) float32 (written into ``out``;
     ``residual`` may be ``out``). ``outs``: instead, column blocks into these contiguous (m, n_i) arrays (≤ 3).
-    ``norm`` = (weight, eps): multiply ``rms_norm(x)`` instead of x (folded into the GEMV).
+    ``pre``: multiply ``pre.apply(x)`` instead of x (folded into the GEMV).
 
     ``exact``: the prefill GEMM multiplies in IEEE fp32 instead of tf32."""
     m, k = x.shape
@@ -417,18 +349,11 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
     assert residual is None or residual.stride(0) == out.stride(0)
     ep = _Epilogue(out, residual, bias, outs, w.n)
     if m <= GEMV_MAX_ROWS:
-        _gemv(x, w, ep, norm)
+        _gemv(x, w, ep, pre)
     else:
-        if norm is not None:
-            x = rms_norm(x, norm[0], norm[1])
-        meta = _meta(w)
-        if m >= 256:
-            cfg = GEMM_CONFIG
-        else:
-            cfg = {"BM": 16 if m <= 16 else 32 if m <= 32 else 64, "BN": 64, "BC": 1, "num_warps": 4, "num_stages": 3}
-        bm, bn = cfg["BM"], cfg["BN"]
-        grid = (triton.cdiv(m, bm), triton.cdiv(w.n, bn))
-        _gemm_kernel[grid](x, *_planes(w), *ep.args(), m, w.n, *ep.bounds, k, w.q.stride(0), x.stride(0),
-                           out.stride(0), BM=bm, BN=bn, BC=cfg["BC"], num_warps=cfg["num_warps"],
-                           num_stages=cfg["num_stages"], PRECISION="ieee" if exact else "tf32", **ep.flags(), **meta)
+        if pre is not None:
+            x = pre.apply(x)
+        from quanta.backends.cuda.gemm import gemm  # gemm.py imports this module's epilogue
+
+        gemm(x, w, ep, exact)
     return out

@@ -1,10 +1,13 @@
 """Rotary position embedding, in place on ``(n, heads, hd)`` float32, positions read from device memory.
 
 ``neox=False`` rotates adjacent pairs (2i, 2i+1) (llama); ``neox=True`` rotates (i, i + rot/2) (qwen2, gemma).
-The cos/sin table is ``(n_ctx, rot/2)`` float32. One program per token rotates every head. ``rope_qk`` rotates
-the queries and keys of a token in one program and can store the rotated keys and the values straight into the
-KV cache (``(hkv, n_ctx, hd)`` per layer) from registers: one launch instead of three. Tested against a numpy
-rotation built from the same inverse frequencies.
+The cos/sin table is ``(n_ctx, rot/2)`` float32; dims past ``rot`` are left as they are. A program rotates a
+block of heads of one token: the two members of each pair are read as two planes (``x[i]``/``x[i + rot/2]``, or the
+strided ``x[2i]``/``x[2i+1]``) with the table row as a tile of the same shape, so every value has one register
+layout and nothing is exchanged through shared memory. ``rope_qk`` runs its query-head blocks and one more block
+that rotates all key heads and stores the rotated keys and the values straight into the KV cache (``(hk, n_ctx,
+hd)`` per layer) from registers. Tested against a numpy rotation built from the same inverse frequencies
+(tests/backends/cuda/test_ops.py).
 """
 
 from __future__ import annotations
@@ -14,32 +17,55 @@ import torch
 import triton
 import triton.language as tl
 
+from quanta.backends.cuda import pdl
+
 
 @triton.jit
-def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, H, HD, HALF, NEOX: tl.constexpr,
-                 BH: tl.constexpr, BR: tl.constexpr):
-    t = tl.program_id(0)
-    h = tl.arange(0, BH)[:, None]
+def _rotate(x_ptr, c_ptr, cos_ptr, sin_ptr, t, h0, pos, H, HD, HALF, NCTX, NEOX: tl.constexpr,
+            STORE: tl.constexpr, TAIL: tl.constexpr, BH: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """Rotate heads [h0, h0 + BH) of token t in place to angle row ``pos``; STORE: also write the rotated heads
+    to the cache ``c_ptr`` at ``pos`` (TAIL: with their unrotated dims past the rotary part)."""
+    h = h0 + tl.arange(0, BH)[:, None]
     i = tl.arange(0, BR)[None, :]
-    mask = (h < H) & (i < HALF)
-    base = x_ptr + t * H * HD + h * HD
-    # x first: its latency overlaps the position -> table chain
+    # every load is a [BH, BR] tile of the same contiguity, so all get one register layout: no shuffles through
+    # shared memory (the table row is loaded once per head, from L1)
     if NEOX:
-        a = tl.load(base + i, mask=mask, other=0.0)
-        b = tl.load(base + i + HALF, mask=mask, other=0.0)
-    else:  # adjacent pairs as one [BH, BR, 2] tile: one 8-byte access per pair instead of two strided ones
-        pair = base[:, :, None] + 2 * i[:, :, None] + tl.arange(0, 2)[None, None, :]
-        a, b = tl.split(tl.load(pair, mask=mask[:, :, None], other=0.0))
-    pos = tl.load(pos_ptr + t)
-    c = tl.load(cos_ptr + pos * HALF + i, mask=i < HALF, other=1.0)
-    s = tl.load(sin_ptr + pos * HALF + i, mask=i < HALF, other=0.0)
+        ia = i
+        ib = i + HALF
+        f = i + 0 * h
+    else:
+        ia = 2 * i
+        ib = ia + 1
+        f = ia // 2 + 0 * h  # i, its contiguity hidden like that of the strided planes
+    mask = (h < H) & (i < HALF)
+    base = x_ptr + (t * H + h) * HD
+    a = tl.load(base + ia, mask=mask, other=0.0)
+    b = tl.load(base + ib, mask=mask, other=0.0)
+    c = tl.load(cos_ptr + pos * HALF + f, mask=mask, other=1.0)
+    s = tl.load(sin_ptr + pos * HALF + f, mask=mask, other=0.0)
     ra = a * c - b * s
     rb = a * s + b * c
-    if NEOX:
-        tl.store(base + i, ra, mask=mask)
-        tl.store(base + i + HALF, rb, mask=mask)
-    else:
-        tl.store(pair, tl.join(ra, rb), mask=mask[:, :, None])
+    tl.store(base + ia, ra, mask=mask)
+    tl.store(base + ib, rb, mask=mask)
+    if STORE:
+        cbase = c_ptr + (h * NCTX + pos) * HD
+        tl.store(cbase + ia, ra, mask=mask)
+        tl.store(cbase + ib, rb, mask=mask)
+        if TAIL:
+            d = tl.arange(0, BD)[None, :]
+            tmask = (h < H) & (d >= 2 * HALF) & (d < HD)
+            tl.store(cbase + d, tl.load(base + d, mask=tmask, other=0.0), mask=tmask)
+
+
+@triton.jit
+def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, H, HD, HALF, NEOX: tl.constexpr, BH: tl.constexpr,
+                 BR: tl.constexpr, PDL: tl.constexpr):
+    pdl.allow_next(PDL)
+    pdl.wait_prev(PDL)
+    t = tl.program_id(0)
+    pos = tl.load(pos_ptr + t)
+    _rotate(x_ptr, x_ptr, cos_ptr, sin_ptr, t, tl.program_id(1) * BH, pos, H, HD, HALF, 0, NEOX, False, False, BH,
+            BR, BR)
 
 
 def rope_table(inv_freq: np.ndarray, n_ctx: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,66 +75,42 @@ def rope_table(inv_freq: np.ndarray, n_ctx: int, device: torch.device) -> tuple[
             torch.from_numpy(np.sin(ang).astype(np.float32)).to(device))
 
 
+def _head_block(heads: int, bd: int) -> int:
+    """Query heads per program: about 256 floats, so a token's heads spread over several programs."""
+    return min(triton.next_power_of_2(heads), max(1, 256 // bd))
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor], neox: bool) -> torch.Tensor:
     """Rotate the first ``2 * table_width`` dims of every head of ``x`` (n, heads, hd) in place."""
     n, h, hd = x.shape
     assert x.is_contiguous()
     cos, sin = table
     half = cos.shape[1]
-    _rope_kernel[(n,)](x, positions, cos, sin, h, hd, half, NEOX=neox, BH=triton.next_power_of_2(h),
-                       BR=triton.next_power_of_2(half), num_warps=4)
+    bh = _head_block(h, triton.next_power_of_2(hd))
+    _rope_kernel[(n, triton.cdiv(h, bh))](x, positions, cos, sin, h, hd, half, NEOX=neox, BH=bh,
+                                          BR=triton.next_power_of_2(half), num_warps=2, **pdl.launch())
     return x
 
 
 @triton.jit
-def _rotate_heads(x_ptr, c_ptr, t, pos, c, s, H, HD, HALF, NCTX, NEOX: tl.constexpr, STORE: tl.constexpr,
-                  BH: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
-    """Rotate the H heads of token t in place; STORE: also write the whole rotated heads to the cache at pos."""
-    h = tl.arange(0, BH)[:, None]
-    i = tl.arange(0, BR)[None, :]
-    mask = (h < H) & (i < HALF)
-    base = x_ptr + t * H * HD + h * HD
-    cbase = c_ptr + (h * NCTX + pos) * HD
-    if NEOX:
-        a = tl.load(base + i, mask=mask, other=0.0)
-        b = tl.load(base + i + HALF, mask=mask, other=0.0)
-    else:
-        off = 2 * i[:, :, None] + tl.arange(0, 2)[None, None, :]
-        a, b = tl.split(tl.load(base[:, :, None] + off, mask=mask[:, :, None], other=0.0))
-    ra = a * c - b * s
-    rb = a * s + b * c
-    if NEOX:
-        tl.store(base + i, ra, mask=mask)
-        tl.store(base + i + HALF, rb, mask=mask)
-        if STORE:
-            tl.store(cbase + i, ra, mask=mask)
-            tl.store(cbase + i + HALF, rb, mask=mask)
-    else:
-        tl.store(base[:, :, None] + off, tl.join(ra, rb), mask=mask[:, :, None])
-        if STORE:
-            tl.store(cbase[:, :, None] + off, tl.join(ra, rb), mask=mask[:, :, None])
-    if STORE:  # dims past the rotary part (rot < hd) go to the cache unrotated
-        d = tl.arange(0, BD)[None, :]
-        tmask = (h < H) & (d >= 2 * HALF) & (d < HD)
-        tl.store(cbase + d, tl.load(base + d, mask=tmask, other=0.0), mask=tmask)
-
-
-@triton.jit
 def _rope_qk_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, pos_ptr, cos_ptr, sin_ptr, HQ, HK, HD, HALF, NCTX,
-                    NEOX: tl.constexpr, STORE: tl.constexpr, BHQ: tl.constexpr, BHK: tl.constexpr,
-                    BR: tl.constexpr, BD: tl.constexpr):
+                    NEOX: tl.constexpr, STORE: tl.constexpr, TAIL: tl.constexpr, BHQ: tl.constexpr,
+                    BHK: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr):
+    """Program (t, j): query heads [j*BHQ, (j+1)*BHQ) of token t; the last j: all its key heads (and values)."""
+    pdl.allow_next(PDL)
+    pdl.wait_prev(PDL)
     t = tl.program_id(0)
+    j = tl.program_id(1)
     pos = tl.load(pos_ptr + t)
-    i = tl.arange(0, BR)[None, :]
-    c = tl.load(cos_ptr + pos * HALF + i, mask=i < HALF, other=1.0)
-    s = tl.load(sin_ptr + pos * HALF + i, mask=i < HALF, other=0.0)
-    if STORE:  # values: a plain copy into the cache
-        h = tl.arange(0, BHK)[:, None]
-        d = tl.arange(0, BD)[None, :]
-        vm = (h < HK) & (d < HD)
-        tl.store(vc_ptr + (h * NCTX + pos) * HD + d, tl.load(v_ptr + (t * HK + h) * HD + d, mask=vm), mask=vm)
-    _rotate_heads(q_ptr, q_ptr, t, pos, c, s, HQ, HD, HALF, NCTX, NEOX, False, BHQ, BR, BD)
-    _rotate_heads(k_ptr, kc_ptr, t, pos, c, s, HK, HD, HALF, NCTX, NEOX, STORE, BHK, BR, BD)
+    if j < tl.num_programs(1) - 1:
+        _rotate(q_ptr, q_ptr, cos_ptr, sin_ptr, t, j * BHQ, pos, HQ, HD, HALF, NCTX, NEOX, False, False, BHQ, BR, BD)
+    else:
+        if STORE:  # values: a plain copy into the cache
+            h = tl.arange(0, BHK)[:, None]
+            d = tl.arange(0, BD)[None, :]
+            vm = (h < HK) & (d < HD)
+            tl.store(vc_ptr + (h * NCTX + pos) * HD + d, tl.load(v_ptr + (t * HK + h) * HD + d, mask=vm), mask=vm)
+        _rotate(k_ptr, kc_ptr, cos_ptr, sin_ptr, t, 0, pos, HK, HD, HALF, NCTX, NEOX, STORE, TAIL, BHK, BR, BD)
 
 
 def rope_qk(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor],
@@ -120,12 +122,13 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, table: tu
     hk = k.shape[1]
     assert q.is_contiguous() and k.is_contiguous() and k.shape[2] == hd
     cos, sin = table
-    half = cos.shape[1]
     store = v is not None and cache is not None
     kc, vc = cache if store else (k, k)
     if store:
         assert v.is_contiguous() and v.shape == k.shape and kc.shape[0] == hk
-    _rope_qk_kernel[(n,)](q, k, v if store else k, kc, vc, positions, cos, sin, hq, hk, hd, half,
-                          kc.shape[1] if store else 0, NEOX=neox, STORE=store, BHQ=triton.next_power_of_2(hq),
-                          BHK=triton.next_power_of_2(hk), BR=triton.next_power_of_2(half),
-                          BD=triton.next_power_of_2(hd), num_warps=4)
+    half = cos.shape[1]
+    bhq = _head_block(hq, triton.next_power_of_2(hd))
+    _rope_qk_kernel[(n, triton.cdiv(hq, bhq) + 1)](
+        q, k, v if store else k, kc, vc, positions, cos, sin, hq, hk, hd, half, kc.shape[1] if store else 0,
+        NEOX=neox, STORE=store, TAIL=2 * half < hd, BHQ=bhq, BHK=triton.next_power_of_2(hk),
+        BR=triton.next_power_of_2(half), BD=triton.next_power_of_2(hd), num_warps=2, **pdl.launch())

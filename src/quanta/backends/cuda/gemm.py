@@ -1,0 +1,239 @@
+"""Prefill GEMM ``y = x @ W.T (+ bias) (+ residual)`` on a packed weight, dequantized on the fly into tensor-core
+operands: bf16 operands with fp32 accumulation (fast mode; bf16 keeps float32's range, float16 overflows on some
+models' activations) or IEEE fp32 (exact mode).
+
+Layout (see repack.py): chunk ``c`` of a weight row is NW little-endian 32-bit words (NW = 4 for 4-bit codes, 8 for
+8-bit codes), slot ``s`` of word ``w`` holding weight ``32c + NW*s + w``. A K step of BK weights loads the
+[BN, BK/32, NW] words of its rows (16-byte cp.async vectors, pipelined by Triton) and dequantizes each slot with
+one LOP3, one FADD and one FFMA per weight (see _slot), scales per (row, group) in fp32. The tile is built in
+*word order*: ``tl.join`` puts the NS slots of a word next to each other inside the thread that owns the word,
+so column ``32c + NS*w + s`` of the tile is weight ``32c + NW*s + w`` — no shuffles, no layout change of the codes.
+x is permuted the same way once per matmul (:func:`word_order`, fused with its bf16 cast), and a dot product does
+not care about the order of K. Scales are loaded one K step ahead (registers), codes and x stream through
+shared memory; the products run on wgmma (bf16) or as fp32 FMAs (exact).
+
+SWAP computes the transposed tile ``W x^T`` (weights as the left operand, straight from registers; x from shared
+memory), which lets Triton keep one wgmma in flight while the next tile is dequantized; the epilogue writes the
+transposed accumulator. Dense (F16/BF16/F32) weights are read as they are, in weight order.
+
+Tested under TRITON_INTERPRET=1 and on the GPU against gguf-py's dequantize followed by a float64 matmul
+(tests/backends/cuda/test_gemm.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from quanta.backends.cuda.qmatmul import _epilogue, _Epilogue, _meta, _planes
+from quanta.backends.cuda.repack import FusedWeight, PackedWeight
+
+# Tiles per (mode, activation-row class); BM is the activation-row tile, BN the weight-row tile, BK the K step.
+# Fast mode: from the H200 sweep of scripts/gpu_gemm.py (SWAP wins for 4-bit codes, and non-swapped 4-bit tiles do
+# not compile on triton 3.6); exact mode: fp32 FMA dots, tiles small enough not to spill.
+GEMM_TILES = {
+    ("fast", "huge"): {"BM": 256, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 8, "num_stages": 3},
+    ("fast", "large"): {"BM": 128, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 4, "num_stages": 3},
+    ("fast", "medium"): {"BM": 64, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 4, "num_stages": 3},
+    ("fast", "small"): {"BM": 32, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 4, "num_stages": 3},
+    ("exact", "huge"): {"BM": 32, "BN": 64, "BK": 32, "SWAP": False, "num_warps": 4, "num_stages": 2},
+    ("exact", "large"): {"BM": 32, "BN": 64, "BK": 32, "SWAP": False, "num_warps": 4, "num_stages": 2},
+    ("exact", "medium"): {"BM": 32, "BN": 64, "BK": 32, "SWAP": False, "num_warps": 4, "num_stages": 2},
+    ("exact", "small"): {"BM": 16, "BN": 64, "BK": 32, "SWAP": False, "num_warps": 4, "num_stages": 2},
+}
+
+
+def row_class(m: int) -> str:
+    return "huge" if m >= 1024 else "large" if m >= 256 else "medium" if m >= 64 else "small"
+
+
+@triton.jit
+def _slot(words, hi_words, s: tl.constexpr, scale, mn, BITS: tl.constexpr, QOFF: tl.constexpr, DT: tl.constexpr):
+    """Slot ``s`` of every word, dequantized: ``scale * (q - QOFF) - mn`` as DT. The code stays in place (bits
+    pos..pos+BITS-1) under the exponent 23 - pos, so one LOP3 makes the float 2^(23-pos) + q (exact); slots that
+    would reach bit 23 come from the shifted copy ``hi_words``."""
+    CODE: tl.constexpr = (1 << BITS) - 1
+    SHIFT: tl.constexpr = 12 if BITS == 4 else 16
+    if BITS * s + BITS <= 23:
+        pos: tl.constexpr = BITS * s
+        bits = (words & (CODE << pos)) | ((150 - pos) << 23)
+    else:
+        pos: tl.constexpr = BITS * s - SHIFT
+        bits = (hi_words & (CODE << pos)) | ((150 - pos) << 23)
+    q = bits.to(tl.float32, bitcast=True) - ((1 << (23 - pos)) + QOFF)
+    return (q * scale - mn).to(DT)
+
+
+@triton.jit
+def _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, g, K,
+                 G: tl.constexpr, SB: tl.constexpr, HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr,
+                 HAS_MN: tl.constexpr):
+    """Scale ``d*sc`` and min ``dmin*mn`` of groups ``g`` ([C]) of ``rows`` ([BN]): two [BN, C, 1] fp32 tiles."""
+    gi = rows[:, None] * (K // G) + g[None, :]
+    sbi = rows[:, None] * (K // SB) + (g // (SB // G))[None, :]
+    scale = tl.load(d_ptr + sbi).to(tl.float32)
+    if HAS_SC:
+        scale = scale * tl.load(sc_ptr + gi).to(tl.float32)
+    mn = tl.zeros_like(scale)
+    if HAS_MIN:
+        mn = tl.load(dmin_ptr + sbi).to(tl.float32)
+        if HAS_MN:
+            mn = mn * tl.load(mn_ptr + gi).to(tl.float32)
+    return scale[:, :, None], mn[:, :, None]
+
+
+@triton.jit
+def _scales(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, k0, K, KIND: tl.constexpr, G: tl.constexpr, SB: tl.constexpr,
+            HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Scales and mins of the low (weights 0..15 of each chunk) and high (16..31) groups of weights k0..k0+BK:
+    four [BN, BK/32, 1] tiles (the same two twice when G == 32). Chunks wrap modulo the row, so the prefetch
+    past the last step reads valid memory."""
+    C: tl.constexpr = BK // 32
+    # (if/else rather than early returns: triton 3.6 compiles the code after a constexpr-guarded return)
+    if KIND == 2:
+        s0 = tl.zeros((BN, C, 1), dtype=tl.float32)
+        m0 = s0
+        s1 = s0
+        m1 = s0
+    else:
+        c = (k0 // 32 + tl.arange(0, C)) % (K // 32)
+        if G == 32:
+            s0, m0 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, c, K, G, SB, HAS_SC, HAS_MIN, HAS_MN)
+            s1 = s0
+            m1 = m0
+        else:
+            s0, m0 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, 2 * c, K, G, SB, HAS_SC, HAS_MIN, HAS_MN)
+            s1, m1 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, 2 * c + 1, K, G, SB,
+                                  HAS_SC, HAS_MIN, HAS_MN)
+    return s0, m0, s1, m1
+
+
+@triton.jit
+def _weight_tile(q_ptr, rows, k0, K, QS, s0, m0, s1, m1, KIND: tl.constexpr, QOFF: tl.constexpr,
+                 BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DT: tl.constexpr):
+    """Weights ``k0 .. k0+BK`` of ``rows`` ([BN], all valid) as a [BN, BK] tile of DT, codes in *word order*
+    (column ``32c + NS*w + s`` holds weight ``32c + NW*s + w``; x is permuted alike, see :func:`gemm`), scaled by
+    the tiles of :func:`_scales`. QS: the row stride of the code plane (int32 words for codes, elements for dense;
+    dense tiles are in weight order)."""
+    if KIND == 2:
+        kk = k0 + tl.arange(0, BK)
+        p = q_ptr + rows[:, None] * QS + kk[None, :]
+        if EVEN_K:
+            w = tl.load(p)
+        else:
+            w = tl.load(p, mask=(kk < K)[None, :], other=0)
+        t = w.to(DT)
+    else:
+        BITS: tl.constexpr = 4 if KIND == 0 else 8
+        NW: tl.constexpr = BITS  # words per 32-weight chunk
+        NS: tl.constexpr = 32 // BITS  # slots per word; slots below NS // 2 hold weights 0..15 of the chunk
+        SHIFT: tl.constexpr = 12 if BITS == 4 else 16
+        C: tl.constexpr = BK // 32
+        c = k0 // 32 + tl.arange(0, C)
+        p = q_ptr + rows[:, None, None] * QS + (c[:, None] * NW + tl.arange(0, NW)[None, :])[None, :, :]
+        if EVEN_K:
+            words = tl.load(p)
+        else:
+            words = tl.load(p, mask=(c < K // 32)[None, :, None], other=0)
+        hi_words = words >> SHIFT
+        # join(a, b) appends a minor axis of 2 inside each thread; the tree puts slot s at index s of the last NS
+        v0 = _slot(words, hi_words, 0, s0, m0, BITS, QOFF, DT)
+        v1 = _slot(words, hi_words, 1, s0, m0, BITS, QOFF, DT)
+        if NS == 4:
+            v2 = _slot(words, hi_words, 2, s1, m1, BITS, QOFF, DT)
+            v3 = _slot(words, hi_words, 3, s1, m1, BITS, QOFF, DT)
+            t = tl.join(tl.join(v0, v2), tl.join(v1, v3))
+        else:
+            v2 = _slot(words, hi_words, 2, s0, m0, BITS, QOFF, DT)
+            v3 = _slot(words, hi_words, 3, s0, m0, BITS, QOFF, DT)
+            v4 = _slot(words, hi_words, 4, s1, m1, BITS, QOFF, DT)
+            v5 = _slot(words, hi_words, 5, s1, m1, BITS, QOFF, DT)
+            v6 = _slot(words, hi_words, 6, s1, m1, BITS, QOFF, DT)
+            v7 = _slot(words, hi_words, 7, s1, m1, BITS, QOFF, DT)
+            t = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+        t = tl.reshape(t, (BN, BK))
+    return t
+
+
+@triton.jit
+def _gemm_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, M, N, N1, N2,
+                 K, QS, stride_x, stride_y,
+                 KIND: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
+                 HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr, EXACT: tl.constexpr,
+                 EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
+    """One program: the [BM, BN] output tile (activation rows × weight rows), K walked BK at a time. Out-of-range
+    rows are clamped (modulo) rather than masked, so every load is a whole vector; the epilogue masks the stores."""
+    DT: tl.constexpr = tl.float32 if EXACT else tl.bfloat16
+    PREC: tl.constexpr = "tf32" if not EXACT and not UPCAST else "ieee"  # (ignored for bf16 operands)
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    mrows = pid_m * BM + tl.arange(0, BM)
+    rows = pid_n * BN + tl.arange(0, BN)
+    xrow = x_ptr + (mrows % M)[:, None] * stride_x
+    wrows = rows % N
+    if SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+    s0, m0, s1, m1 = _scales(d_ptr, sc_ptr, dmin_ptr, mn_ptr, wrows, 0, K, KIND, G, SB, HAS_SC, HAS_MIN, HAS_MN,
+                             BN, BK)
+    for k0 in range(0, K, BK):
+        # this step's scales were loaded one step ahead (their latency is not hidden by the pipelined loads)
+        ns0, nm0, ns1, nm1 = _scales(d_ptr, sc_ptr, dmin_ptr, mn_ptr, wrows, k0 + BK, K, KIND, G, SB,
+                                     HAS_SC, HAS_MIN, HAS_MN, BN, BK)
+        kk = k0 + tl.arange(0, BK)
+        if EVEN_K:
+            xt = tl.load(xrow + kk[None, :]).to(DT)
+        else:
+            xt = tl.load(xrow + kk[None, :], mask=(kk < K)[None, :], other=0).to(DT)
+        wt = _weight_tile(q_ptr, wrows, k0, K, QS, s0, m0, s1, m1, KIND, QOFF, BN, BK, EVEN_K, DT)
+        if UPCAST:  # the interpreter multiplies bfloat16 tiles as their raw bits: the same products in fp32
+            xt = xt.to(tl.float32)
+            wt = wt.to(tl.float32)
+        if SWAP:
+            acc = tl.dot(wt, tl.trans(xt), acc, input_precision=PREC)
+        else:
+            acc = tl.dot(xt, tl.trans(wt), acc, input_precision=PREC)
+        s0, m0, s1, m1 = ns0, nm0, ns1, nm1
+    if SWAP:
+        mask = (mrows < M)[None, :] & (rows < N)[:, None]
+        _epilogue(acc, mrows[None, :], rows[:, None], mask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2,
+                  stride_y, HAS_BIAS, HAS_RES, SPLIT)
+    else:
+        mask = (mrows < M)[:, None] & (rows < N)[None, :]
+        _epilogue(acc, mrows[:, None], rows[None, :], mask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2,
+                  stride_y, HAS_BIAS, HAS_RES, SPLIT)
+
+
+_INTERPRETED = isinstance(_gemm_kernel, InterpretedFunction)
+
+
+def word_order(x: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
+    """x (m, k) with each 32-column chunk permuted into the weight tile's word order (column ``32c + NS*w + s`` is
+    x column ``32c + NW*s + w``), as ``dtype``: one copy per matmul, the operand the kernel streams."""
+    if kind == "dense":
+        return x.to(dtype).contiguous()
+    m, k = x.shape
+    nw = 4 if kind == "q4" else 8
+    return x.reshape(m, k // 32, 32 // nw, nw).transpose(2, 3).to(dtype).reshape(m, k)
+
+
+def gemm(x: torch.Tensor, w: PackedWeight | FusedWeight, ep: _Epilogue, exact: bool, tiles: dict | None = None) -> None:
+    """``x @ W.T`` through the epilogue ``ep``: x (m, k) float32 with contiguous rows. ``exact``: IEEE fp32
+    products, else bf16 operands with fp32 accumulation. ``tiles``: a GEMM_TILES entry to use instead (tuner)."""
+    w = w.packed if isinstance(w, FusedWeight) else w
+    m, k = x.shape
+    cfg = tiles or GEMM_TILES[("exact" if exact else "fast", row_class(m))]
+    xw = word_order(x, w.kind, torch.float32 if exact else torch.bfloat16)
+    q, *scales = _planes(w)
+    if w.kind != "dense":
+        q = q.view(torch.int32)
+    grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(w.n, cfg["BN"]))
+    _gemm_kernel[grid](xw, q, *scales, *ep.args(), m, w.n, *ep.bounds, k, q.stride(0), xw.stride(0),
+                       ep.out.stride(0), BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SWAP=cfg["SWAP"], EXACT=exact,
+                       EVEN_K=k % cfg["BK"] == 0, UPCAST=_INTERPRETED and not exact, num_warps=cfg["num_warps"],
+                       num_stages=cfg["num_stages"], **ep.flags(), **_meta(w))

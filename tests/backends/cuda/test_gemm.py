@@ -1,0 +1,86 @@
+"""The prefill GEMM (gemm.py) for every format, in both modes, against gguf-py's dequantize followed by a float64
+matmul; with the epilogue's bias, residual and split outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from random_blocks import ALL_TYPES, random_raw
+
+from quanta.backends.cuda.gemm import gemm
+from quanta.backends.cuda.qmatmul import _Epilogue
+from quanta.backends.cuda.repack import fuse, repack
+
+gguf_quants = pytest.importorskip("gguf.quants")
+from gguf import GGMLQuantizationType  # noqa: E402
+
+# bf16 keeps 8 significant bits: each operand is off by up to 2^-9 relative (round to nearest; the interpreter
+# truncates: 2^-8), so a product by up to ~2^-7; with random signs the sum's error is ~that RMS of the products'
+# error: a few 1e-3 of |y|, never near 1e-2.
+BF16_TOL = 1e-2
+EXACT_TOL = 1e-5
+
+
+def _weight(type_name: str, n: int, k: int, device: str, seed: int = 0):
+    raw = random_raw(type_name, n, k, np.random.default_rng(seed))
+    ref = gguf_quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(n, k).astype(np.float64)
+    return repack(torch.from_numpy(raw.copy()).to(device), type_name, (n, k)), ref
+
+
+def _rel(got: torch.Tensor, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got.cpu().numpy() - want) / np.linalg.norm(want))
+
+
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+@pytest.mark.parametrize("exact", [False, True])
+def test_gemm_matches_dequantized_matmul(type_name: str, exact: bool, device: str) -> None:
+    # m = 37 and n = 72 fill no tile; k = 288 is no multiple of the K step (64): the masked tail runs
+    m, n, k = 37, 72, 512 if type_name.endswith("_K") else 288
+    w, ref_w = _weight(type_name, n, k, device)
+    x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+    out = torch.full((m, n), float("nan"), device=device)
+    gemm(torch.from_numpy(x).to(device), w, _Epilogue(out, None, None, None, n), exact)
+    assert _rel(out, x.astype(np.float64) @ ref_w.T) < (EXACT_TOL if exact else BF16_TOL)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("swap", [False, True])
+def test_tiles_with_several_k_steps(type_name: str, swap: bool, device: str) -> None:
+    """Whole tiles (m = 32, n = 64, k = 512 in 64-wide steps), both operand orders."""
+    m, n, k = 32, 64, 512
+    w, ref_w = _weight(type_name, n, k, device, seed=2)
+    x = np.random.default_rng(3).standard_normal((m, k)).astype(np.float32)
+    out = torch.full((m, n), float("nan"), device=device)
+    tiles = {"BM": 32, "BN": 64, "BK": 64, "SWAP": swap, "num_warps": 4, "num_stages": 2}
+    gemm(torch.from_numpy(x).to(device), w, _Epilogue(out, None, None, None, n), False, tiles)
+    assert _rel(out, x.astype(np.float64) @ ref_w.T) < BF16_TOL
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_bias_and_residual_into_the_output(exact: bool, device: str) -> None:
+    """``out += x @ W.T + bias`` with the residual being the output itself (the o- and down-projections)."""
+    m, n, k = 5, 80, 256
+    w, ref_w = _weight("Q4_0", n, k, device, seed=5)
+    rng = np.random.default_rng(6)
+    x, res, b = rng.standard_normal((m, k)), rng.standard_normal((m, n)), rng.standard_normal(n)
+    out = torch.from_numpy(res.astype(np.float32)).to(device)
+    bias = torch.from_numpy(b.astype(np.float32)).to(device)
+    gemm(torch.from_numpy(x.astype(np.float32)).to(device), w, _Epilogue(out, out, bias, None, n), exact)
+    assert _rel(out, x @ ref_w.T + b + res) < (EXACT_TOL if exact else BF16_TOL)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "F16"])
+def test_fused_split_outputs_with_biases(type_name: str, device: str) -> None:
+    """Three matrices stacked by rows, one launch: each column block lands in its own array, with its bias."""
+    m, k, widths = 37, 256, (40, 16, 24)
+    parts = [_weight(type_name, n, k, device, seed=10 + i) for i, n in enumerate(widths)]
+    rng = np.random.default_rng(7)
+    biases = [rng.standard_normal(n).astype(np.float32) for n in widths]
+    biases[1] = None
+    fused = fuse([w for w, _ in parts], [None if b is None else torch.from_numpy(b).to(device) for b in biases])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    outs = [torch.full((m, n), float("nan"), device=device) for n in widths]
+    gemm(torch.from_numpy(x).to(device), fused, _Epilogue(outs[0], None, fused.bias, outs, sum(widths)), True)
+    for (_, ref_w), b, got in zip(parts, biases, outs):
+        assert _rel(got, x.astype(np.float64) @ ref_w.T + (0.0 if b is None else b)) < EXACT_TOL
