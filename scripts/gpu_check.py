@@ -353,8 +353,13 @@ def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0) -> f
     return n_decode / (time.perf_counter() - t0)
 
 
-@section("programmatic dependent launch off/on (alternating, same process)")
-def pdl_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
+VARIANTS = {  # decode launch options compared in one process: (PDL, fold norm, fold gated activation)
+    "plain": (False, False, False), "pdl": (True, False, False), "pdl+norm": (True, True, False),
+    "pdl+gated": (True, False, True), "pdl+both": (True, True, True)}
+
+
+@section("decode launch variants (PDL, folded norm / activation), alternating in one process")
+def variants_ab(models: list[tuple[str, Path]], reps: int = 2) -> None:
     from quanta import gguf
     from quanta.backends.cuda import pdl
     from quanta.backends.cuda.backend import CUDABackend
@@ -368,16 +373,18 @@ def pdl_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
         rates: dict = {}
         for _ in range(reps):
             for depth in (0, 1024):
-                for on in (False, True):
+                for label, (on, fold_norm, fold_gated) in VARIANTS.items():
                     pdl.enable(on)
+                    be.fold_norm, be.fold_gated = fold_norm, fold_gated
                     be._graphs.clear()
-                    rates.setdefault((depth, on), []).append(decode_rate(be, model, cache, depth, 64))
+                    rates.setdefault((depth, label), []).append(decode_rate(be, model, cache, depth, 64))
         pdl.enable(True)
+        be.fold_norm = be.fold_gated = True
         med = {k: float(np.median(v)) for k, v in rates.items()}
-        line = (f"{name:26s} PDL off/on: decode {med[(0, False)]:.0f} / {med[(0, True)]:.0f} tok/s, "
-                f"@1024 {med[(1024, False)]:.0f} / {med[(1024, True)]:.0f} (runs {rates})")
-        say("  ", line)
-        SUMMARY.append(line[:160])
+        line = f"{name:22s} decode " + ", ".join(f"{lab} {med[(0, lab)]:.0f}" for lab in VARIANTS) + \
+            " | @1024 " + ", ".join(f"{med[(1024, lab)]:.0f}" for lab in VARIANTS)
+        say("  ", line, json.dumps({f"{d} {lab}": [round(x) for x in v] for (d, lab), v in rates.items()}))
+        SUMMARY.append(line)
         del model, cache, be
         g.close()
         torch.cuda.empty_cache()
@@ -453,6 +460,22 @@ def prefill_profile(path: Path) -> None:
             agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total
     top = sorted(agg.items(), key=lambda kv: -kv[1])[:10]
     say("   prefill-512 kernel us: " + json.dumps({k[:40]: round(v) for k, v in top}))
+    import cProfile
+    import io
+    import pstats
+
+    prof_host = cProfile.Profile()  # where the host time of a prefill goes (is it launch-bound?)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    prof_host.enable()
+    for _ in range(3):
+        be.forward(model, prompt, 0, cache, all_logits=False)
+    prof_host.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof_host, stream=buf).sort_stats("tottime").print_stats(25)
+    say(f"   prefill-512 wall {(time.perf_counter() - t0) / 3 * 1e3:.1f} ms (profiled); host profile:\n" +
+        buf.getvalue()[:6000])
     RESULTS["prefill_kernel_us"] = {k: round(v, 1) for k, v in top}
     SUMMARY.append("prefill-512 kernels (us): " + ", ".join(f"{k[:24]} {v:.0f}" for k, v in top[:6]))
     g.close()
@@ -473,7 +496,7 @@ def main() -> None:
     if "kernels" in only:
         kernel_checks((1,) if args.quick else (1, 3, 77))
     if "pdlab" in only:  # programmatic dependent launch off / on, alternating in one process
-        pdl_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
+        variants_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
         bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)
     if "compare" in only:  # tiny models of three architectures and synthetic SmolLM2 against the CPU exact mode

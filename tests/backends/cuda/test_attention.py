@@ -56,7 +56,7 @@ def test_attention_matches_reference(case, device: str) -> None:
     for scratch in scratches:  # decode is checked through both kernels
         out = torch.full((n, h * hd), float("nan"), device=device)
         attention(q, k_cache, v_cache, pos, scale=hd ** -0.5, window=window, softcap=softcap, out=out,
-                  scratch=scratch)
+                  scratch=scratch, exact=True)
         np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-4, atol=1e-5)
 
 

@@ -9,6 +9,7 @@ On a machine without CUDA the backend also runs on ``device="cpu"`` under ``TRIT
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any
 
@@ -43,6 +44,17 @@ class CUDAKVCache:
     @property
     def nbytes(self) -> int:
         return 2 * self.k.numel() * 4
+
+
+def _prime_triton() -> None:
+    """Triton hashes its own sources before its first kernel-cache lookup in a process (~0.35 s on the H200
+    machine): done in a thread while the weights upload, it is off the path to the first token."""
+    try:
+        from triton.runtime.cache import triton_key
+
+        triton_key()
+    except Exception:  # an internal of Triton: a version without it just pays the cost at the first launch
+        pass
 
 
 def _host_tensor(a: np.ndarray) -> torch.Tensor:
@@ -84,6 +96,10 @@ class CUDABackend(Backend):
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise QuantaError("--device cuda needs an NVIDIA GPU with a CUDA build of torch; none was found")
         self.graphs = graphs and self.device.type == "cuda"
+        if self.device.type == "cuda":
+            threading.Thread(target=_prime_triton, daemon=True).start()
+        # fold the RMSNorm / the gated activation into the decode GEMV that reads its output (see qmatmul.Pre)
+        self.fold_norm = self.fold_gated = True
         pdl.enable(self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] >= 9)
         self._buffers: dict[Any, torch.Tensor] = {}
         self._decode_scratch: dict[tuple[int, int, int], attention.DecodeScratch] = {}
@@ -147,7 +163,9 @@ class CUDABackend(Backend):
         qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact)
         return outs
 
-    norm_fuse_rows = GEMV_MAX_ROWS
+    @property
+    def norm_fuse_rows(self) -> int:  # type: ignore[override]
+        return GEMV_MAX_ROWS if self.fold_norm else 0
 
     def norm_matmul(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w: PackedWeight | FusedWeight, *,
                     out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -158,6 +176,8 @@ class CUDABackend(Backend):
 
     def gated_matmul(self, gate: torch.Tensor, up: torch.Tensor, w: PackedWeight, *, gelu: bool = False,
                      out: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.fold_gated:
+            return super().gated_matmul(gate, up, w, gelu=gelu, out=out, residual=residual)
         return qmatmul(gate, w, out=out, residual=residual, exact=self.exact, pre=Pre.gated(up, gelu))
 
     def embed(self, w: PackedWeight, token_ids: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
