@@ -104,21 +104,6 @@ class Backend(ABC):
         in the order of the fused weights). Only called on weights :meth:`fuse` returned."""
         raise NotImplementedError(f"the {self.name} backend does not fuse weights")
 
-    norm_fuse_rows = 0  # up to this many activation rows the backend folds an RMSNorm into the matmul
-
-    def norm_matmul(self, x: Array, norm: Array, eps: float, w: Weight, *, out: Array | None = None,
-                    bias: Array | None = None, outs: list[Array] | None = None) -> Array:
-        """:meth:`matmul` (``outs``: :meth:`matmul_split`) of ``rms_norm(x, norm, eps)``, without writing the
-        normed rows. Called only for at most :attr:`norm_fuse_rows` rows."""
-        raise NotImplementedError(f"the {self.name} backend does not fold norms into matmuls")
-
-    def gated_matmul(self, gate: Array, up: Array, w: Weight, *, gelu: bool = False, out: Array | None = None,
-                     residual: Array | None = None) -> Array:
-        """:meth:`matmul` of ``act(gate) * up`` (the down projection); ``gate`` may be overwritten. A backend
-        may fold the activation into the matmul."""
-        act = (self.gelu_mul if gelu else self.silu_mul)(gate, up, out=gate)
-        return self.matmul(act, w, out=out, residual=residual)
-
     @abstractmethod
     def embed(self, w: Weight, token_ids: Array, *, out: Array | None = None) -> Array:
         """Rows ``token_ids`` of the quantized (vocab, d) weight, dequantized → (n, d) float32."""

@@ -109,19 +109,11 @@ class Model:
             i = j
         return groups
 
-    def project(self, h: Array, groups: list[Projection], outs: dict[str, Array], norm: Array | None = None) -> None:
-        """``outs[name] = h @ W_name.T (+ bias)`` for every matrix of ``groups``; with ``norm``, of
-        ``rms_norm(h, norm)`` (folded into the matmuls when the backend does that for this many rows)."""
-        ops, eps = self.backend, self.config.norm_eps
-        if norm is not None and h.shape[0] > ops.norm_fuse_rows:
-            h, norm = ops.rms_norm(h, norm, eps, out=ops.buffer("h", tuple(h.shape))), None
+    def project(self, h: Array, groups: list[Projection], outs: dict[str, Array]) -> None:
+        """``outs[name] = h @ W_name.T (+ bias)`` for every matrix of ``groups``."""
+        ops = self.backend
         for g in groups:
-            if norm is not None:
-                if g.fused:
-                    ops.norm_matmul(h, norm, eps, g.weight, outs=[outs[n] for n in g.names])
-                else:
-                    ops.norm_matmul(h, norm, eps, g.weight, out=outs[g.names[0]], bias=g.bias)
-            elif g.fused:
+            if g.fused:
                 ops.matmul_split(h, g.weight, [outs[n] for n in g.names])
             else:
                 ops.matmul(h, g.weight, out=outs[g.names[0]], bias=g.bias)
@@ -133,14 +125,13 @@ class Model:
         return KVShape(c.n_layers, c.n_kv_heads, c.head_dim, self.n_ctx)
 
     # ---- shared pieces of the forward ------------------------------------------------------------------------
-    def qkv(self, h: Array, layer: SimpleNamespace, norm: Array | None = None) -> tuple[Array, Array, Array]:
-        """Projections of the input (normed by ``norm`` when given; biases included), reshaped to
-        (n, heads, head_dim)."""
+    def qkv(self, h: Array, layer: SimpleNamespace) -> tuple[Array, Array, Array]:
+        """Projections of the normed input (biases included), reshaped to (n, heads, head_dim)."""
         ops, c, n = self.backend, self.config, h.shape[0]
         q = ops.buffer("q", (n, c.n_heads * c.head_dim))
         k = ops.buffer("k", (n, c.n_kv_heads * c.head_dim))
         v = ops.buffer("v", (n, c.n_kv_heads * c.head_dim))
-        self.project(h, layer.qkv, {"attn_q": q, "attn_k": k, "attn_v": v}, norm)
+        self.project(h, layer.qkv, {"attn_q": q, "attn_k": k, "attn_v": v})
         return (q.reshape(n, c.n_heads, c.head_dim), k.reshape(n, c.n_kv_heads, c.head_dim),
                 v.reshape(n, c.n_kv_heads, c.head_dim))
 
@@ -157,15 +148,14 @@ class Model:
         out = residual if residual is not None else ops.buffer("attn_out", (n, c.d_model))
         return ops.matmul(o, layer.attn_output, out=out, residual=residual)
 
-    def ffn(self, h: Array, layer: SimpleNamespace, *, gelu: bool = False, residual: Array | None = None,
-            norm: Array | None = None) -> Array:
-        """Gated feed-forward ``down(act(gate(h)) * up(h))`` → (n, d_model), added into ``residual`` when given;
-        with ``norm``, of ``rms_norm(h, norm)``."""
+    def ffn(self, h: Array, layer: SimpleNamespace, *, gelu: bool = False, residual: Array | None = None) -> Array:
+        """Gated feed-forward ``down(act(gate(h)) * up(h))`` → (n, d_model), added into ``residual`` when given."""
         ops, c, n = self.backend, self.config, h.shape[0]
         gate, up = ops.buffer("gate", (n, c.d_ff)), ops.buffer("up", (n, c.d_ff))
-        self.project(h, layer.gate_up, {"ffn_gate": gate, "ffn_up": up}, norm)
+        self.project(h, layer.gate_up, {"ffn_gate": gate, "ffn_up": up})
+        act = (ops.gelu_mul if gelu else ops.silu_mul)(gate, up, out=gate)
         out = residual if residual is not None else ops.buffer("ffn_out", (n, c.d_model))
-        return ops.gated_matmul(gate, up, layer.ffn_down, gelu=gelu, out=out, residual=residual)
+        return ops.matmul(act, layer.ffn_down, out=out, residual=residual)
 
     def logits(self, x: Array, all_logits: bool, residual: Array | None = None) -> Array:
         """Final norm (of ``x + residual`` when given) and lm head (only the last row unless ``all_logits``)."""
@@ -173,13 +163,8 @@ class Model:
         if not all_logits:
             x = ops.last_row(x)
             residual = ops.last_row(residual) if residual is not None else None
-        out = ops.buffer("logits", (x.shape[0], self.n_vocab))
-        if residual is None and x.shape[0] <= ops.norm_fuse_rows:
-            ops.norm_matmul(x, self.output_norm, c.norm_eps, self.output, out=out)
-        else:
-            h = ops.rms_norm(x, self.output_norm, c.norm_eps, out=ops.buffer("h_out", tuple(x.shape)),
-                             residual=residual)
-            ops.matmul(h, self.output, out=out)
+        h = ops.rms_norm(x, self.output_norm, c.norm_eps, out=ops.buffer("h_out", tuple(x.shape)), residual=residual)
+        out = ops.matmul(h, self.output, out=ops.buffer("logits", (x.shape[0], self.n_vocab)))
         if c.final_softcap > 0:
             ops.softcap(out, c.final_softcap)
         return out

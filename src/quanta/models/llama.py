@@ -27,8 +27,11 @@ class Llama(Model):
     def forward(self, token_ids: Array, positions: Array, cache: Any, *, all_logits: bool) -> Array:
         ops, c, n = self.backend, self.config, token_ids.shape[0]
         x = ops.embed(self.tok_embd, token_ids, out=ops.buffer("x", (n, c.d_model)))
+        h_buf = ops.buffer("h", (n, c.d_model))
         for i, layer in enumerate(self.layers):
-            q, k, v = self.qkv(x, layer, norm=layer.attn_norm)
+            h = ops.rms_norm(x, layer.attn_norm, c.norm_eps, out=h_buf)
+            q, k, v = self.qkv(h, layer)
             self.attend(q, k, v, cache[i], positions, layer, self.rope, residual=x)
-            self.ffn(x, layer, residual=x, norm=layer.ffn_norm)
+            h = ops.rms_norm(x, layer.ffn_norm, c.norm_eps, out=h_buf)
+            self.ffn(h, layer, residual=x)
         return self.logits(x, all_logits)

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType
 from random_blocks import ALL_TYPES, random_raw
 
 from quanta.backends.cuda.embed import embed
-from quanta.backends.cuda.qmatmul import Pre, qmatmul
+from quanta.backends.cuda.qmatmul import qmatmul
 from quanta.backends.cuda.repack import repack
 
 
@@ -117,50 +117,3 @@ def test_bias_and_residual_into_the_output(m: int, device: str) -> None:
     want = x @ ref_w.T + b + res
     assert np.linalg.norm(out.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5
 
-
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q5_1", "F16"])
-@pytest.mark.parametrize("m", [1, 3, 6])
-def test_rms_norm_folded_into_the_matmul(type_name: str, m: int, device: str, monkeypatch) -> None:
-    """``rms_norm(x) @ W.T + bias`` with the norm inside the GEMV (1-4 rows), or applied first (dense weights,
-    the GEMM), split outputs included; several K steps (BJ = 8 units) and masked tiles."""
-    from quanta.backends.cuda import qmatmul as qm
-    from quanta.backends.cuda.repack import fuse
-
-    for key in list(qm.GEMV_CONFIG):
-        monkeypatch.setitem(qm.GEMV_CONFIG, key, {"BN": 2, "BJ": 8, "num_warps": 1})
-    k, widths, eps = 768, (18, 8), 1e-5
-    parts = [_weight(type_name, n, k, device, seed=20 + i) for i, n in enumerate(widths)]
-    rng = np.random.default_rng(m)
-    x = (3 * rng.standard_normal((m, k))).astype(np.float32)
-    nw = rng.standard_normal(k).astype(np.float32)
-    b = rng.standard_normal(widths[0]).astype(np.float32)
-    x64 = x.astype(np.float64)
-    h = x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + eps) * nw
-    dev = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
-    got = qmatmul(dev(x), parts[0][0], bias=dev(b), pre=Pre.norm(dev(nw), eps), exact=True).cpu().numpy()
-    want = h @ parts[0][1].T + b
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
-    fused = fuse([w for w, _ in parts], [None, None])
-    if fused is not None:
-        outs = [torch.full((m, n), float("nan"), device=device) for n in widths]
-        qmatmul(dev(x), fused.packed, outs=outs, pre=Pre.norm(dev(nw), eps), exact=True)
-        for (_, ref_w), o in zip(parts, outs):
-            want = h @ ref_w.T
-            assert np.linalg.norm(o.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5
-
-
-@pytest.mark.parametrize("gelu", [False, True])
-@pytest.mark.parametrize("type_name,m", [("Q4_K", 1), ("Q6_K", 2), ("Q8_0", 5), ("F32", 1)])
-def test_gated_activation_folded_into_the_matmul(type_name: str, m: int, gelu: bool, device: str) -> None:
-    """The down projection of ``act(gate) * up`` (tanh GELU or SiLU) plus the residual, the activation inside the
-    GEMV (1-4 rows) or applied first."""
-    n, k = 18, 512
-    w, ref_w = _weight(type_name, n, k, device, seed=30)
-    rng = np.random.default_rng(31)
-    g, u, res = (rng.standard_normal(shape) for shape in ((m, k), (m, k), (m, n)))
-    act = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) if gelu else g / (1 + np.exp(-g))
-    want = (act * u) @ ref_w.T + res
-    dev = lambda a: torch.from_numpy(a.astype(np.float32)).to(device)  # noqa: E731
-    out = dev(res)
-    qmatmul(dev(g), w, out=out, residual=out, pre=Pre.gated(dev(u), gelu), exact=True)
-    assert np.linalg.norm(out.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5

@@ -223,7 +223,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
             q, k_cache, v_cache, positions, out, scratch.o, scratch.m, scratch.l, scratch.count, h, hkv, hd, n_ctx,
             scratch.nsplit, scale, softcap or 1.0, window, GQ=max(16, group), GG=group, SPLIT=scratch.split,
             BN=min(64 if bd <= 128 else 32, scratch.split), BS=bs, BD=bd, num_warps=4, num_stages=2, **flags,
-            **pdl.launch())
+            **pdl.launch("attention"))
         return out
     # fp32 tiles: wide heads (gemma's 256) get smaller tiles and a 2-deep pipeline to fit shared memory
     bm = 16 if n <= 16 else 64 if bd <= 128 else 32

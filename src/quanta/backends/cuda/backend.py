@@ -19,7 +19,7 @@ import torch
 from quanta.backends.base import Array, Backend, KVShape
 from quanta.backends.cuda import activation, attention, norm, pdl, rope
 from quanta.backends.cuda.embed import embed as _embed
-from quanta.backends.cuda.qmatmul import GEMV_MAX_ROWS, Pre, qmatmul
+from quanta.backends.cuda.qmatmul import qmatmul
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight, fuse, repack
 from quanta.backends.cuda.sampling import Argmax
 from quanta.errors import QuantaError
@@ -98,8 +98,6 @@ class CUDABackend(Backend):
         self.graphs = graphs and self.device.type == "cuda"
         if self.device.type == "cuda":
             threading.Thread(target=_prime_triton, daemon=True).start()
-        # fold the RMSNorm / the gated activation into the decode GEMV that reads its output (see qmatmul.Pre)
-        self.fold_norm = self.fold_gated = True
         pdl.enable(self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] >= 9)
         self._buffers: dict[Any, torch.Tensor] = {}
         self._decode_scratch: dict[tuple[int, int, int], attention.DecodeScratch] = {}
@@ -162,23 +160,6 @@ class CUDABackend(Backend):
         assert [o.shape[-1] for o in outs] == list(w.widths), ([o.shape for o in outs], w.widths)
         qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact)
         return outs
-
-    @property
-    def norm_fuse_rows(self) -> int:  # type: ignore[override]
-        return GEMV_MAX_ROWS if self.fold_norm else 0
-
-    def norm_matmul(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w: PackedWeight | FusedWeight, *,
-                    out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                    outs: list[torch.Tensor] | None = None) -> torch.Tensor:
-        if outs:
-            return qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact, pre=Pre.norm(norm, eps))
-        return qmatmul(x, w, out=out, bias=bias, exact=self.exact, pre=Pre.norm(norm, eps))
-
-    def gated_matmul(self, gate: torch.Tensor, up: torch.Tensor, w: PackedWeight, *, gelu: bool = False,
-                     out: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.fold_gated:
-            return super().gated_matmul(gate, up, w, gelu=gelu, out=out, residual=residual)
-        return qmatmul(gate, w, out=out, residual=residual, exact=self.exact, pre=Pre.gated(up, gelu))
 
     def embed(self, w: PackedWeight, token_ids: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         return _embed(w, token_ids, out=out)

@@ -17,17 +17,21 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _enabled = False
+_skip: frozenset[str] = frozenset()
 
 
-def enable(on: bool) -> None:
-    """Switch PDL launches on (the CUDA backend does, on sm_90+ unless ``QUANTA_PDL=0``)."""
-    global _enabled
+def enable(on: bool, skip: frozenset[str] = frozenset()) -> None:
+    """Switch PDL launches on (the CUDA backend does, on sm_90+ unless ``QUANTA_PDL=0``), except for the kernels
+    named in ``skip``."""
+    global _enabled, _skip
     _enabled = on and os.environ.get("QUANTA_PDL", "1") != "0"
+    _skip = skip
 
 
-def launch() -> dict:
+def launch(kernel: str = "") -> dict:
     """Kernel keyword arguments: the ``PDL`` constexpr and Triton's launch option."""
-    return {"PDL": _enabled, "launch_pdl": _enabled}
+    on = _enabled and kernel not in _skip
+    return {"PDL": on, "launch_pdl": on}
 
 
 @triton.jit

@@ -21,15 +21,11 @@ Tested under TRITON_INTERPRET=1 against gguf-py's dequantize followed by a float
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
-from quanta.backends.cuda.activation import _tanh, gelu_mul, silu_mul
-from quanta.backends.cuda.norm import rms_norm
 from quanta.backends.cuda.repack import PackedWeight
 
 GEMV_MAX_ROWS = 4  # up to this many activation rows the weight is streamed once per row (decode)
@@ -117,12 +113,10 @@ def _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NS
 
 
 @triton.jit
-def _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, x2row, j, NU, BITS: tl.constexpr, G: tl.constexpr,
-               QOFF: tl.constexpr, HAS_MIN: tl.constexpr, MASKED: tl.constexpr, PRE: tl.constexpr):
+def _gemv_step(acc, words, s0, m0, s1, m1, xrow, j, NU, BITS: tl.constexpr, G: tl.constexpr, QOFF: tl.constexpr,
+               HAS_MIN: tl.constexpr, MASKED: tl.constexpr):
     """acc [BN, BJ] += the products of units ``j`` (codes ``words`` [BN, BJ, 4], scales of their low and high
-    groups) with x; x is read as [BJ, 4] tiles in the register layout of the codes (no shuffles). The input as
-    loaded (PRE, see _gemv_kernel): x (0); x times the norm weight ``x2row``, its squares summed into ``ss``
-    ([BJ, 4]) (1); silu(x) * x2 (2); gelu(x) * x2 (3)."""
+    groups) with x; x is read as [BJ, 4] tiles in the register layout of the codes (no shuffles)."""
     UPC: tl.constexpr = BITS // 4  # units per 32-weight chunk
     NS: tl.constexpr = 32 // BITS  # slots per word
     CODE: tl.constexpr = (1 << BITS) - 1
@@ -142,18 +136,6 @@ def _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, x2row, j, NU, BITS: tl.cons
             xv = tl.load(xp + 4 * UPC * s, mask=jmask[:, None], other=0.0)
         else:
             xv = tl.load(xp + 4 * UPC * s)
-        if PRE != 0:
-            if MASKED:
-                x2 = tl.load(x2row + ko + 4 * UPC * s, mask=jmask[:, None], other=0.0)
-            else:
-                x2 = tl.load(x2row + ko + 4 * UPC * s)
-            if PRE == 1:
-                ss += xv * xv
-            elif PRE == 2:
-                xv = xv / (1.0 + tl.exp(-xv))
-            else:
-                xv = 0.5 * xv * (1.0 + _tanh(0.7978845608028654 * (xv + 0.044715 * xv * xv * xv)))
-            xv = xv * x2
         # the code stays in place (bits pos..pos+BITS-1) under the exponent 23 - pos: the float 2^(23-pos) + code
         # in one LOP3; slots reaching bit 23 come from one shifted copy of the words
         pos = BITS * s if BITS * s + BITS <= 23 else BITS * s - SHIFT
@@ -177,25 +159,22 @@ def _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, x2row, j, NU, BITS: tl.cons
         acc -= m0 * tl.sum(xs0, axis=1)[None, :]
         if G == 16:
             acc -= m1 * tl.sum(xs1, axis=1)[None, :]
-    return acc, ss
+    return acc
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, x2_ptr,
-                 N, N1, N2, K, QW, stride_x, stride_y, eps,
+def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr,
+                 N, N1, N2, K, QW, stride_x, stride_y,
                  BITS: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRE: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                  BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, PDL: tl.constexpr):
     """One program: BN output features of one activation row, K walked BJ units at a time. A unit is 4 words
     (16 bytes: a 4-bit chunk, or half an 8-bit chunk); codes are a [BN, BJ, 4] int32 tile (QW: words per row),
     so each thread owns whole units: one vector load per row, and for each slot a [BJ, 4] tile of x in the same
     register layout (no shuffles, no cross-thread sums in the loop). Masks depend on the unit and row only, which
     keeps the loads vectorised. The first step's codes and scales are loaded before waiting for the previous
-    kernel (PDL): most decode matrices are one or two steps long, so their weights stream during its tail.
-    PRE folds the op that made the input into the load of x (every program reads all of x anyway), so it costs
-    no launch and no pass over memory: 1, RMSNorm: y = W (x * x2) / rms(x) with x2 the norm weight; 2 and 3, the
-    gated activation of the down projection: x = act(gate) * up with gate at x, up at x2 (same row stride)."""
+    kernel (PDL): most decode matrices are one or two steps long, so their weights stream during its tail."""
     UPC: tl.constexpr = BITS // 4
     pdl.allow_next(PDL)
     pid = tl.program_id(0)
@@ -207,23 +186,18 @@ def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, 
     NG = K // G
     NSB = K // SB
     xrow = x_ptr + m * stride_x
-    x2row = x2_ptr if PRE == 1 else x2_ptr + m * stride_x
     qrow = q_ptr + rows[:, None, None] * QW
     words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU, NG, NSB,
                                        UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
     pdl.wait_prev(PDL)
-    ss = tl.zeros([BJ, 4], dtype=tl.float32)
-    acc, ss = _gemv_step(tl.zeros([BN, BJ], dtype=tl.float32), ss, words, s0, m0, s1, m1, xrow, x2row, jj, NU,
-                         BITS, G, QOFF, HAS_MIN, MASKED, PRE)
+    acc = _gemv_step(tl.zeros([BN, BJ], dtype=tl.float32), words, s0, m0, s1, m1, xrow, jj, NU,
+                     BITS, G, QOFF, HAS_MIN, MASKED)
     for j0 in range(BJ, NU, BJ):
         j = j0 + jj
         words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB,
                                            UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
-        acc, ss = _gemv_step(acc, ss, words, s0, m0, s1, m1, xrow, x2row, j, NU, BITS, G, QOFF, HAS_MIN, MASKED,
-                             PRE)
+        acc = _gemv_step(acc, words, s0, m0, s1, m1, xrow, j, NU, BITS, G, QOFF, HAS_MIN, MASKED)
     y = tl.sum(acc, axis=1)
-    if PRE == 1:
-        y = y / tl.sqrt(tl.sum(tl.sum(ss, axis=1), axis=0) / K + eps)
     _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
 
 
@@ -281,36 +255,10 @@ class _Epilogue:
         return dict(HAS_RES=self.residual is not None, HAS_BIAS=self.bias is not None, SPLIT=self.split)
 
 
-@dataclass(frozen=True)
-class Pre:
-    """The op that makes a matmul's input, folded into the GEMV's load of x (applied first otherwise):
-    ``rms_norm(x, other, eps)`` (kind 1) or ``act(x) * other`` (2: silu, 3: gelu; other has x's shape; applied
-    in place into x)."""
-
-    kind: int
-    other: torch.Tensor
-    eps: float = 0.0
-
-    @staticmethod
-    def norm(weight: torch.Tensor, eps: float) -> Pre:
-        return Pre(1, weight, eps)
-
-    @staticmethod
-    def gated(up: torch.Tensor, gelu: bool) -> Pre:
-        return Pre(3 if gelu else 2, up)
-
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == 1:
-            return rms_norm(x, self.other, self.eps)
-        return (gelu_mul if self.kind == 3 else silu_mul)(x, self.other, out=x)  # the gate is scratch
-
-
-def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue, pre: Pre | None) -> None:
+def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue) -> None:
     m, k = x.shape
     stride_y = ep.out.stride(0)
     if w.kind == "dense":
-        if pre is not None:
-            x = pre.apply(x)
         bn = 4
         _gemv_dense_kernel[(triton.cdiv(w.n, bn), m)](x, w.q, *ep.args(), w.n, *ep.bounds, k, w.q.stride(0),
                                                       x.stride(0), stride_y, BN=bn, BK=256, num_warps=4,
@@ -323,20 +271,17 @@ def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue, pre: Pre | None) -> N
     words = w.q.view(torch.int32)
     meta = _meta(w)
     del meta["KIND"]
-    assert pre is None or pre.kind == 1 or pre.other.stride() == x.stride()
-    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), pre.other if pre else x, w.n,
-                                            *ep.bounds, k, words.stride(0), x.stride(0), stride_y,
-                                            pre.eps if pre else 0.0, BITS=bits, BN=bn, BJ=bj,
-                                            MASKED=bool(units % bj or w.n % bn), PRE=pre.kind if pre else 0,
+    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), w.n, *ep.bounds, k,
+                                            words.stride(0), x.stride(0), stride_y, BITS=bits, BN=bn, BJ=bj,
+                                            MASKED=bool(units % bj or w.n % bn),
                                             num_warps=cfg["num_warps"], **ep.flags(), **meta, **pdl.launch())
 
 
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, exact: bool = False, bias: torch.Tensor | None = None,
-            outs: list[torch.Tensor] | None = None, pre: Pre | None = None) -> torch.Tensor:
+            outs: list[torch.Tensor] | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias) (+ residual)``: x (m, k) float32 contiguous rows → (m, n) float32 (written into ``out``;
     ``residual`` may be ``out``). ``outs``: instead, column blocks into these contiguous (m, n_i) arrays (≤ 3).
-    ``pre``: multiply ``pre.apply(x)`` instead of x (folded into the GEMV).
 
     ``exact``: the prefill GEMM multiplies in IEEE fp32 instead of tf32."""
     m, k = x.shape
@@ -349,10 +294,8 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
     assert residual is None or residual.stride(0) == out.stride(0)
     ep = _Epilogue(out, residual, bias, outs, w.n)
     if m <= GEMV_MAX_ROWS:
-        _gemv(x, w, ep, pre)
+        _gemv(x, w, ep)
     else:
-        if pre is not None:
-            x = pre.apply(x)
         from quanta.backends.cuda.gemm import gemm  # gemm.py imports this module's epilogue
 
         gemm(x, w, ep, exact)
