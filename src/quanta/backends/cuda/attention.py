@@ -17,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from quanta.backends.cuda import pdl
 
 from quanta.backends.cuda.activation import _tanh
 
@@ -92,15 +91,13 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, N, H, HKV, HD, NCTX, 
 @triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV, HD, NCTX, NSPLIT,
                    scale, softcap, window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, GQ: tl.constexpr,
-                   GG: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr,
-                   PDL: tl.constexpr):
+                   GG: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr):
     """One program: the query heads of KV head ``hk`` against cached positions [sp*SPLIT, (sp+1)*SPLIT).
 
     Only live splits (those holding a key the query sees) work: each stores its partial (m, l, acc), then draws a
     ticket from the KV head's counter; the one that draws the last ticket combines them all into the output and
-    sets the counter back to 0 for the next call. Dead splits exit at once and draw no ticket."""
-    pdl.allow_next(PDL)
-    pdl.wait_prev(PDL)
+    sets the counter back to 0 for the next call. Dead splits exit at once and draw no ticket.
+    Launched without programmatic dependent launch: on the H200 it was faster so (docs/PERF.md, GPU run 13)."""
     hk = tl.program_id(0)
     sp = tl.program_id(1)
     group = H // HKV
@@ -222,8 +219,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
         _decode_kernel[(hkv, scratch.nsplit)](
             q, k_cache, v_cache, positions, out, scratch.o, scratch.m, scratch.l, scratch.count, h, hkv, hd, n_ctx,
             scratch.nsplit, scale, softcap or 1.0, window, GQ=max(16, group), GG=group, SPLIT=scratch.split,
-            BN=min(64 if bd <= 128 else 32, scratch.split), BS=bs, BD=bd, num_warps=4, num_stages=2, **flags,
-            **pdl.launch("attention"))
+            BN=min(64 if bd <= 128 else 32, scratch.split), BS=bs, BD=bd, num_warps=4, num_stages=2, **flags)
         return out
     # fp32 tiles: wide heads (gemma's 256) get smaller tiles and a 2-deep pipeline to fit shared memory
     bm = 16 if n <= 16 else 64 if bd <= 128 else 32

@@ -4,8 +4,9 @@ Decode launches ~10 small kernels per layer; each pays a launch, a ramp-up and a
 byte arrives. With PDL every kernel first lets the next one launch (``allow_next``), and the next one loads what
 no earlier kernel writes (weights, norm weights) before it waits for its predecessor (``wait_prev``): the weight
 stream of one kernel overlaps the tail of the last. Every kernel launched with PDL must call ``wait_prev`` before
-it reads or writes any activation, cache or scratch memory. Off under the Triton interpreter and before sm_90,
-and with ``QUANTA_PDL=0``.
+it reads or writes any activation, cache or scratch memory. A kernel launched without PDL (the decode attention)
+simply waits for everything before it. Off under the Triton interpreter and before sm_90, and with
+``QUANTA_PDL=0``.
 """
 
 from __future__ import annotations
@@ -17,21 +18,17 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _enabled = False
-_skip: frozenset[str] = frozenset()
 
 
-def enable(on: bool, skip: frozenset[str] = frozenset()) -> None:
-    """Switch PDL launches on (the CUDA backend does, on sm_90+ unless ``QUANTA_PDL=0``), except for the kernels
-    named in ``skip``."""
-    global _enabled, _skip
+def enable(on: bool) -> None:
+    """Switch PDL launches on (the CUDA backend does, on sm_90+ unless ``QUANTA_PDL=0``)."""
+    global _enabled
     _enabled = on and os.environ.get("QUANTA_PDL", "1") != "0"
-    _skip = skip
 
 
-def launch(kernel: str = "") -> dict:
+def launch() -> dict:
     """Kernel keyword arguments: the ``PDL`` constexpr and Triton's launch option."""
-    on = _enabled and kernel not in _skip
-    return {"PDL": on, "launch_pdl": on}
+    return {"PDL": _enabled, "launch_pdl": _enabled}
 
 
 @triton.jit
