@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -74,3 +76,18 @@ def test_logits_teacher_forcing_consistent_with_generation(llm):
     assert logits.shape == (len(ids), llm.model.n_vocab) and np.isfinite(logits).all()
     r = llm.generate(ids, max_tokens=1, temperature=0, ignore_eos=True)
     assert r.token_ids == [int(logits[-1].argmax())]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_loading_leaves_the_garbage_collector_as_it_found_it(smollm2_path, tmp_path, enabled):
+    """The collector is paused while a model loads (a cold-start cost): it must come back as it was, also when
+    the load fails."""
+    (gc.enable if enabled else gc.disable)()
+    try:
+        quanta.LLM(smollm2_path, n_ctx=64).close()
+        assert gc.isenabled() == enabled
+        with pytest.raises(FileNotFoundError):
+            quanta.LLM(tmp_path / "missing.gguf")
+        assert gc.isenabled() == enabled
+    finally:
+        gc.enable()

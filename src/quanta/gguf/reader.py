@@ -137,28 +137,25 @@ class _Cursor:
         """Scan n length-prefixed strings in one pass, then decode them in bulk (fast for 262k vocabularies)."""
         buf, size, pos = self.buf, self.size, self.pos
         unpack = _U64.unpack_from
-        bounds = []
-        append = bounds.append
-        for _ in range(n):
+        starts = [0] * n
+        ends = [0] * n
+        for i in range(n):
             if pos + 8 > size:
                 raise GGUFError(f"truncated {what}: string length past the end of the file", pos)
             ln = unpack(buf, pos)[0]
             pos += 8
             if ln > size - pos:
                 raise GGUFError(f"string length {ln} in {what} exceeds the {size - pos} bytes left", pos - 8)
-            append((pos, pos + ln))
+            starts[i] = pos
             pos += ln
-        raw = bytes(buf[self.pos : pos])
+            ends[i] = pos
         base = self.pos
+        raw = bytes(buf[base:pos])
         self.pos = pos
-        out = []
-        for a, b in bounds:
-            s = raw[a - base : b - base]
-            try:
-                out.append(s.decode("utf-8"))
-            except UnicodeDecodeError:
-                out.append(s.decode("utf-8", errors="replace"))
-        return out
+        try:
+            return [raw[a - base : b - base].decode() for a, b in zip(starts, ends)]
+        except UnicodeDecodeError:  # rare: decode all with replacement (valid strings decode the same)
+            return [raw[a - base : b - base].decode("utf-8", "replace") for a, b in zip(starts, ends)]
 
 
 class GGUFFile:

@@ -17,8 +17,9 @@ import re
 import tempfile
 from pathlib import Path
 
+from typing import Any
+
 import numpy as np
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from quanta.tokenizer.vocab import Vocab
 
@@ -37,7 +38,7 @@ class Engine:
     (one past the vocabulary), which is removed from the output.
     """
 
-    def __init__(self, tokenizer: Tokenizer, byte_level: bool, unk_id: int):
+    def __init__(self, tokenizer: Any, byte_level: bool, unk_id: int):
         self.tokenizer, self.byte_level, self.unk_id = tokenizer, byte_level, unk_id
 
     def encode(self, texts: list[str]) -> list[list[int]]:
@@ -119,6 +120,8 @@ def _unknown_marker(vocab: Vocab) -> str:
 
 def build_engine(vocab: Vocab, spm_merges: np.ndarray | None = None) -> Engine:
     """The engine for ``vocab``; ``spm_merges`` are ``spm_merge_ids(vocab)`` when already known."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers  # 35 ms to import: only when encoding
+
     marker = _unknown_marker(vocab)
     token_to_id = {**vocab.token_to_id, marker: vocab.size}
     if vocab.kind == "spm":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Sequence
 
 from quanta.tokenizer.vocab import TokenAttr, Vocab
 
@@ -52,23 +53,38 @@ def _bpe_piece(text: str, byte_decoder: dict[str, int]) -> bytes:
         return bytes(out)
 
 
-def token_pieces(vocab: Vocab) -> list[bytes]:
-    """Each token's bytes with special tokens rendered (llama.cpp's ``token_to_piece(special=True)`` cache)."""
-    pieces: list[bytes] = []
-    attrs = vocab.attrs.tolist()
-    verbatim = int(TokenAttr.CONTROL | TokenAttr.UNKNOWN | TokenAttr.USER_DEFINED)
-    normal, byte = int(TokenAttr.NORMAL), int(TokenAttr.BYTE)
-    byte_decoder = gpt2_byte_decoder() if vocab.kind == "bpe" else {}
-    for text, attr in zip(vocab.tokens, attrs):
-        if attr & verbatim:
-            pieces.append(text.encode())
-        elif attr & normal:
-            pieces.append(text.replace("▁", " ").encode() if vocab.kind == "spm" else _bpe_piece(text, byte_decoder))
-        elif attr & byte and vocab.kind == "spm":
-            pieces.append(bytes([int(text[3:5], 16)]))
-        else:  # unused, undefined (and byte tokens of a BPE vocabulary) render as nothing
-            pieces.append(b"")
-    return pieces
+_VERBATIM = int(TokenAttr.CONTROL | TokenAttr.UNKNOWN | TokenAttr.USER_DEFINED)
+_NORMAL, _BYTE = int(TokenAttr.NORMAL), int(TokenAttr.BYTE)
+
+
+class TokenPieces:
+    """Each token's bytes with special tokens rendered (llama.cpp's ``token_to_piece(special=True)`` cache),
+    computed on first use of each id: the first token must not wait for all 262k pieces of a large vocabulary."""
+
+    def __init__(self, vocab: Vocab):
+        self._vocab = vocab
+        self._pieces: list[bytes | None] = [None] * vocab.size
+        self._byte_decoder = gpt2_byte_decoder() if vocab.kind == "bpe" else {}
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def __getitem__(self, token_id: int) -> bytes:
+        piece = self._pieces[token_id]
+        if piece is None:
+            piece = self._pieces[token_id] = self._render(token_id)
+        return piece
+
+    def _render(self, token_id: int) -> bytes:
+        vocab = self._vocab
+        text, attr = vocab.tokens[token_id], int(vocab.attrs[token_id])
+        if attr & _VERBATIM:
+            return text.encode()
+        if attr & _NORMAL:
+            return text.replace("▁", " ").encode() if vocab.kind == "spm" else _bpe_piece(text, self._byte_decoder)
+        if attr & _BYTE and vocab.kind == "spm":
+            return bytes([int(text[3:5], 16)])
+        return b""  # unused, undefined (and byte tokens of a BPE vocabulary) render as nothing
 
 
 def clean_spaces(data: bytes) -> bytes:
@@ -85,7 +101,7 @@ class StreamDecoder:
     decides them.
     """
 
-    def __init__(self, pieces: list[bytes], hidden: frozenset[int], strip_first_space: bool, clean: bool):
+    def __init__(self, pieces: Sequence[bytes], hidden: frozenset[int], strip_first_space: bool, clean: bool):
         self._pieces, self._hidden = pieces, hidden
         self._strip_space, self._clean = strip_first_space, clean
         self._first = True

@@ -12,9 +12,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from quanta.tokenizer.bpe_engine import load_engine
-from quanta.tokenizer.chat_template import ChatTemplate, builtin_template
-from quanta.tokenizer.detokenize import StreamDecoder, clean_spaces, token_pieces
+from quanta.tokenizer.bpe_engine import Engine, load_engine
+from quanta.tokenizer.detokenize import StreamDecoder, TokenPieces, clean_spaces
 from quanta.tokenizer.errors import TokenizerError
 from quanta.tokenizer.special import SpecialSplitter
 from quanta.tokenizer.vocab import TokenAttr, Vocab, load_vocab
@@ -26,14 +25,15 @@ class Tokenizer:
     def __init__(self, vocab: Vocab, chat_template: str | None, architecture: str | None,
                  cache_dir: Path | None = None):
         self.vocab = vocab
-        self._engine = load_engine(vocab, cache_dir)
-        self._splitter = SpecialSplitter(vocab)
-        self._pieces: list[bytes] | None = None
+        self._cache_dir = cache_dir
+        self._engine: Engine | None = None  # built on first encode: generating from token ids never needs it
+        self._splitter: SpecialSplitter | None = None  # also built on first encode
+        self.pieces = TokenPieces(vocab)
         hidden = vocab.attrs & int(TokenAttr.CONTROL | TokenAttr.UNKNOWN)
         self._hidden = frozenset(hidden.nonzero()[0].tolist())
         self.has_chat_template = bool(chat_template)
-        self.chat_template = chat_template or builtin_template(architecture, vocab.token_to_id)
-        self._chat: ChatTemplate | None = None  # compiled on first use: a broken template only breaks chat
+        self._template_source, self._architecture = chat_template, architecture
+        self._chat: Any = None  # a ChatTemplate compiled on first use: a broken template only breaks chat
 
     # --- properties -------------------------------------------------------------------------------------
     @property
@@ -69,6 +69,8 @@ class Tokenizer:
         """Token ids of ``text``; ``add_special`` adds BOS/EOS as the GGUF says, ``parse_special`` turns
         control-token text such as ``<|im_start|>`` into that token (user-defined tokens always are)."""
         vocab = self.vocab
+        if self._splitter is None:
+            self._splitter = SpecialSplitter(self.vocab)
         fragments = self._splitter.split(text, parse_special)
         out: list[int] = []
         if add_special and vocab.add_bos:
@@ -76,7 +78,7 @@ class Tokenizer:
             out.append(vocab.special["bos"])
         texts = self._spm_texts(fragments) if vocab.kind == "spm" else [f for f in fragments if isinstance(f, str)]
         try:
-            encoded = iter(self._engine.encode(texts))
+            encoded = iter(self.engine.encode(texts))
         except TypeError:
             _check_unicode(text)
             raise
@@ -86,6 +88,13 @@ class Tokenizer:
             self._require("eos")
             out.append(vocab.special["eos"])
         return out
+
+    @property
+    def engine(self) -> Engine:
+        """The BPE engine (HF ``tokenizers``), built on first use: 0.06 s for 49k tokens, 0.7 s for 262k."""
+        if self._engine is None:
+            self._engine = load_engine(self.vocab, self._cache_dir)
+        return self._engine
 
     def _spm_texts(self, fragments: list) -> list[str]:
         """SentencePiece fragments as llama.cpp feeds them: spaces escaped, a leading space where needed."""
@@ -104,12 +113,6 @@ class Tokenizer:
             raise TokenizerError(f"the tokenizer asks for a {name.upper()} token but defines none")
 
     # --- decoding ---------------------------------------------------------------------------------------
-    @property
-    def pieces(self) -> list[bytes]:
-        if self._pieces is None:
-            self._pieces = token_pieces(self.vocab)
-        return self._pieces
-
     def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
         """The bytes of one token (possibly part of a UTF-8 character); control tokens are b"" unless
         ``special``."""
@@ -148,10 +151,21 @@ class Tokenizer:
         token_id = self.vocab.special.get(name)
         return self.vocab.tokens[token_id] if token_id is not None else ""
 
+    @property
+    def chat_template(self) -> str:
+        """The GGUF's template source, else the built-in one for the architecture."""
+        if self._template_source:
+            return self._template_source
+        from quanta.tokenizer.chat_template import builtin_template  # jinja2 loads only for chat
+
+        return builtin_template(self._architecture, self.vocab.token_to_id)
+
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text for ``messages`` (the GGUF's template, else a built-in one for the architecture)."""
         if self._chat is None:
+            from quanta.tokenizer.chat_template import ChatTemplate
+
             self._chat = ChatTemplate(self.chat_template)
         return self._chat.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                  bos_token=self.token_text("bos"), eos_token=self.token_text("eos"))

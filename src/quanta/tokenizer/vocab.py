@@ -133,7 +133,7 @@ def load_vocab(metadata: Mapping[str, Any]) -> Vocab:
     if not raw_tokens:
         raise TokenizerError("the GGUF has no token list (tokenizer.ggml.tokens)")
     raw_tokens = _c_strings(raw_tokens)
-    tokens = [w if w else f"[EMPTY_{i}]" for i, w in enumerate(raw_tokens)]
+    tokens = [w if w else f"[EMPTY_{i}]" for i, w in enumerate(raw_tokens)] if "" in raw_tokens else list(raw_tokens)
     n = len(tokens)
     scores = metadata.get("tokenizer.ggml.scores")
     if scores is not None:

@@ -110,6 +110,10 @@ def test_add_scale_softcap_softmax_argmax(be):
     a, b, bias = randn(4, 8), randn(4, 8), randn(8)
     np.testing.assert_allclose(be.add(a.copy(), b), a + b, rtol=1e-6)
     np.testing.assert_allclose(be.add(a.copy(), bias), a + bias, rtol=1e-6)
+    heads = randn(4, 2, 4)  # the same elements as (n, heads, head_dim) rows
+    np.testing.assert_allclose(be.add(a.copy(), heads), a + heads.reshape(4, 8), rtol=1e-6)
+    with pytest.raises(ValueError):
+        be.add(a.copy(), randn(3, 8))
     np.testing.assert_allclose(be.scale(a.copy(), 3.0), a * 3, rtol=1e-6)
     np.testing.assert_allclose(be.softcap(a.copy() * 50, 30.0), 30 * np.tanh(a * 50 / 30), rtol=1e-5, atol=1e-5)
     sm = be.softmax(a)

@@ -17,10 +17,15 @@ from quanta.backends.base import Backend, KVShape
 from quanta.backends.cpu import attention as _attention
 from quanta.backends.cpu import ops as _ops
 from quanta.backends.cpu import qmatmul as _qmatmul
+from quanta.backends.cpu.cached_dispatch import load_without_refresh
+from quanta.backends.cpu.kernels import gemm_q8 as _gemm_q8
+from quanta.backends.cpu.kernels import rows as _rows
 from quanta.backends.cpu.kv_cache import CPUKVCache
 from quanta.gguf import TensorInfo
 
 BLAS_ATTENTION_MIN_ROWS = 8  # from this many queries on, sgemm over the score matrix beats the numba kernel
+
+load_without_refresh(_attention, _ops, _rows, _gemm_q8)
 
 
 def available_cores() -> int:
@@ -144,7 +149,10 @@ class CPUBackend(Backend):
         return out
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        _ops.add_rows(a.reshape(-1, a.shape[-1]), b)
+        rows = a.reshape(-1, a.shape[-1])
+        if b.ndim > 1 and b.shape != rows.shape:
+            b = b.reshape(rows.shape)  # raises when the sizes differ
+        _ops.add_rows(rows, b)
         return a
 
     def scale(self, x: np.ndarray, s: float) -> np.ndarray:

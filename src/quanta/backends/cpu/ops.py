@@ -95,7 +95,6 @@ def add_rows(a: np.ndarray, b: np.ndarray) -> None:
             for j in range(d):
                 a[i, j] += b[j]
     else:
-        b2 = b.reshape(n, d)
         for i in range(n):
             for j in range(d):
-                a[i, j] += b2[i, j]
+                a[i, j] += b[i, j]

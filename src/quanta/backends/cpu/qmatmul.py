@@ -109,6 +109,23 @@ def _tile_buffer(rows: int, k: int) -> np.ndarray:
     return buf[: rows * k].reshape(rows, k)
 
 
+def _q8_block_stats(n: int, k: int) -> tuple[np.ndarray, ...]:
+    """Scratch for the per-32 scales, sums and integer sums (n, k/32) of n q8-quantized rows of k."""
+    return np.empty((n, k // 32), np.float32), np.empty((n, k // 32), np.float32), np.empty((n, k // 32), np.int32)
+
+
+def _q8_buffers(n: int, k: int) -> tuple[np.ndarray, ...]:
+    """The GEMV's q8 activations: codes (n, k) int8 and their block stats, reused per thread and shape (a decode
+    step quantizes ~200 activations: allocating them each time costs 2% of decode)."""
+    per_thread = getattr(_scratch, "q8", None)
+    if per_thread is None:
+        per_thread = _scratch.q8 = {}
+    buffers = per_thread.get((n, k))
+    if buffers is None:
+        buffers = per_thread[n, k] = (np.empty((n, k), np.int8), *_q8_block_stats(n, k))
+    return buffers
+
+
 def _dequant_tile(w: QWeight, start: int, stop: int) -> np.ndarray:
     out = _tile_buffer(stop - start, w.shape[1])  # per thread
     _rows.dequant_tile(w.fmt, w.raw2d, start, w.block_size, w.type_size, out)
@@ -155,10 +172,11 @@ def _gemm_int8(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
     xsu = np.zeros((n_pad, k // unit), np.float32)
 
     def quantize(a: int, b: int) -> None:
-        _gemm_q8.quantize_activations(x[a:b], xq[a:b], unit, xdu[a:b], xsu[a:b])
+        _gemm_q8.quantize_activations(x[a:b], xq[a:b], unit, xdu[a:b], xsu[a:b], *_q8_block_stats(b - a, k))
 
     def rows(a: int, b: int) -> None:
-        _gemm_q8.gemm_q8_rows(w.fmt, unit, w.raw2d, a * TILE_ROWS, min(m, b * TILE_ROWS), xq, xdu, xsu, n, out)
+        _gemm_q8.gemm_q8_rows(w.fmt, unit, w.raw2d, a * TILE_ROWS, min(m, b * TILE_ROWS), xq, xdu, xsu, n, out,
+                              *_gemm_q8.gemm_scratch(n_pad, k, unit))
 
     _run_parts(quantize, _split(n, n))
     _run_parts(rows, _split(-(-m // TILE_ROWS), n))
@@ -199,7 +217,7 @@ def qmatmul(x: np.ndarray, w: QWeight, *, exact: bool = False, out: np.ndarray |
     else:  # the GEMV kernels are compiled for C-contiguous float32 outputs only
         target = out if _is_f32_c(out) else np.empty((n, m), np.float32)
         if not exact and w.type in Q8_ACTIVATION_TYPES:
-            _rows.gemv_q8(w.fmt, w.raw2d, x, target, min(m, _n_chunks))
+            _rows.gemv_q8(w.fmt, w.raw2d, x, target, min(m, _n_chunks), *_q8_buffers(n, k))
         else:
             _rows.gemv(w.fmt, w.raw2d, x, target, min(m, _n_chunks))
         if target is not out:

@@ -118,19 +118,24 @@ def _pack(fmt, raw2d, r0, nrows, codes, scales, consts):
         pack_q6_k(raw2d, r0, nrows, codes, scales, consts)
 
 
+def gemm_scratch(n_pad: int, k: int, unit: int) -> tuple[np.ndarray, ...]:
+    """Scratch for one ``gemm_q8_rows`` call: packed codes (with slack to align them), scales, consts, part."""
+    nunits = k // unit
+    return (np.empty(nunits * unit * TILE_ROWS + 64, np.uint8), np.empty(nunits * TILE_ROWS, np.float32),
+            np.empty(nunits * TILE_ROWS, np.float32), np.empty((n_pad, TILE_ROWS), np.float32))
+
+
 @njit(nogil=True, cache=True)
-def gemm_q8_rows(fmt, unit, raw2d, r0, r1, xq, xdu, xsu, n, out):
+def gemm_q8_rows(fmt, unit, raw2d, r0, r1, xq, xdu, xsu, n, out, codes, scales, consts, part):
     """``out[:n, r0:r1]`` for weight rows r0..r1-1 on the calling thread (GIL released), 16 rows at a time.
 
-    ``xq`` (n_pad, k) int8 with n_pad a multiple of ``TOKENS`` (zero rows past n); ``xdu``/``xsu`` (n_pad, k/unit)."""
+    ``xq`` (n_pad, k) int8 with n_pad a multiple of ``TOKENS`` (zero rows past n); ``xdu``/``xsu`` (n_pad, k/unit).
+    Scratch from the caller (``gemm_scratch``): the kernel allocates nothing, so loading it from numba's cache
+    does not import numba's array-allocation module (~20-40 ms of a cold start)."""
     k = xq.shape[1]
     nunits = k // unit
-    codes = np.empty(nunits * unit * TILE_ROWS + 64, np.uint8)
     off = (-codes.ctypes.data) % 64  # 64-byte aligned tile: one cache line per vpdpbusd operand
     codes = codes[off : off + nunits * unit * TILE_ROWS]
-    scales = np.empty(nunits * TILE_ROWS, np.float32)
-    consts = np.empty(nunits * TILE_ROWS, np.float32)
-    part = np.empty((xq.shape[0], TILE_ROWS), np.float32)
     for a in range(r0, r1, TILE_ROWS):
         rows = min(TILE_ROWS, r1 - a)
         if rows < TILE_ROWS:  # unused lanes: zero codes and scales
@@ -144,19 +149,18 @@ def gemm_q8_rows(fmt, unit, raw2d, r0, r1, xq, xdu, xsu, n, out):
         else:
             gemm_tile_u16(codes, scales, consts, xq, xdu, xsu, n, dst, col)
         if rows < TILE_ROWS:
-            out[:n, a : a + rows] = part[:n, :rows]
+            for t in range(n):
+                for r in range(rows):
+                    out[t, a + r] = part[t, r]
 
 
 @njit(nogil=True, cache=True)
-def quantize_activations(x, xq, unit, xdu, xsu):
+def quantize_activations(x, xq, unit, xdu, xsu, xd, xsum, xqsum):
     """q8 activations ``xq`` (per-32 scales, ``activations.quantize_q8_32``) with the per-unit scale ``xdu`` and
     the unit's sum of the quantized activations ``xsu = xd * sum(xq)`` (as the GEMV). Runs on the calling
-    thread (GIL released): the caller splits the activation rows."""
+    thread (GIL released): the caller splits the activation rows. ``xd``/``xsum``/``xqsum`` (n, k/32): scratch."""
     n, k = x.shape
     nb = k // 32
-    xd = np.empty((n, nb), np.float32)
-    xsum = np.empty((n, nb), np.float32)
-    xqsum = np.empty((n, nb), np.int32)
     quantize_q8_32(x, xq, xd, xsum, xqsum)
     for t in range(n):
         for i in range(nb):

@@ -143,15 +143,13 @@ def rows_dot_q8(fmt, raw2d, r0, r1, xq, xd, xsum, xqsum, out):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def gemv_q8(fmt, raw2d, x, out, n_chunks):
-    """Fast-mode GEMV (legacy formats and Q4_K/Q5_K/Q6_K): activations quantized to q8 per 32, VNNI dots."""
+def gemv_q8(fmt, raw2d, x, out, n_chunks, xq, xd, xsum, xqsum):
+    """Fast-mode GEMV (legacy formats and Q4_K/Q5_K/Q6_K): activations quantized to q8 per 32, VNNI dots.
+
+    ``xq`` (n, k) int8 and ``xd``/``xsum``/``xqsum`` (n, k/32) are the caller's scratch: the kernel allocates
+    nothing, so loading it from numba's cache does not import numba's array-allocation module."""
     m = raw2d.shape[0]
-    n, k = x.shape
-    xq = np.empty((n, k), np.int8)
-    xd = np.empty((n, k // 32), np.float32)
-    xsum = np.empty((n, k // 32), np.float32)
-    xqsum = np.empty((n, k // 32), np.int32)
     quantize_q8_32(x, xq, xd, xsum, xqsum)
     for c in prange(n_chunks):
-        for t in range(n):
+        for t in range(x.shape[0]):
             rows_dot_q8(fmt, raw2d, c * m // n_chunks, (c + 1) * m // n_chunks, xq[t], xd[t], xsum[t], xqsum[t], out[t])

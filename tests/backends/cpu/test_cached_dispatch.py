@@ -1,0 +1,62 @@
+"""Cold start: kernels load from numba's disk cache without numba's registries or its array-allocation module."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quanta.backends.cpu.kernels.legacy_dot_q8 import HAS_VNNI
+
+SRC = Path(__file__).parents[3] / "src"
+
+# A fresh process, as at a cold start: one kernel checked against numpy, then what numba imported for it.
+ONE_KERNEL = """
+import sys
+import numpy as np
+import quanta.backends.cpu.backend
+from quanta.backends.cpu import ops
+
+x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+w = np.linspace(0.5, 1.5, 64, dtype=np.float32)
+out = np.empty_like(x)
+ops.rms_norm_rows(x, w, np.float32(1e-6), out)
+ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-6) * w
+assert np.allclose(out, ref, rtol=1e-5, atol=1e-6), np.abs(out - ref).max()
+print(sum(ops._RMS[0].stats.cache_hits.values()), "numba.np.linalg" in sys.modules)
+"""
+
+# A prefill (8 tokens: the GEMM kernels) and decode steps (the GEMV kernels) of a real model.
+GENERATE = """
+import sys
+from quanta import LLM
+
+llm = LLM(sys.argv[1], threads=2, n_ctx=64)
+llm.generate(list(range(1000, 1008)), max_tokens=3, temperature=0.0, ignore_eos=True)
+print(" ".join(m for m in ("numba.np.linalg", "numba.np.arrayobj") if m in sys.modules) or "-")
+"""
+
+
+def _fresh_run(code: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_cached_kernel_loads_without_numbas_registries_and_computes_right():
+    _fresh_run(ONE_KERNEL)  # compiles and fills the disk cache when it is cold
+    hits, registries_loaded = _fresh_run(ONE_KERNEL).split()
+    assert hits == "1"  # loaded from the disk cache...
+    assert registries_loaded == "False"  # ...without importing numba's typing/lowering registries (linalg, ...)
+
+
+@pytest.mark.skipif(not HAS_VNNI, reason="the fp32 GEMV (no VNNI) still allocates its scratch inside numba")
+def test_generating_imports_neither_numbas_registries_nor_its_allocation_module(smollm2_path):
+    """Each costs 20-90 ms of every cold start: a kernel that calls np.empty, reshape or a checked slice copy
+    brings numba.np.arrayobj back (its cached environment is rebuilt by importing the module)."""
+    _fresh_run(GENERATE, str(smollm2_path))
+    assert _fresh_run(GENERATE, str(smollm2_path)) == "-"
