@@ -69,8 +69,8 @@ def test_one_launch_decode_across_positions_and_calls(heads: int, kv_heads: int,
     rng = np.random.default_rng(heads * 100 + hd)
     k_cache, v_cache, q = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(device)
                            for s in ((kv_heads, n_ctx, hd), (kv_heads, n_ctx, hd), (1, heads, hd)))
-    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device))
-    assert scratch.split == 64
+    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device), chunk=64)
+    assert scratch.nprog == 4
     kc, vc, qn = k_cache.cpu().numpy(), v_cache.cpu().numpy(), q.cpu().numpy()
     for pos, window, softcap in [(0, 0, 0.0), (5, 0, 0.0), (63, 0, 0.0), (64, 0, 0.0), (130, 0, 20.0), (255, 0, 0.0),
                                  (127, 64, 0.0), (130, 50, 0.0), (64, 1, 0.0), (200, 100, 20.0), (1, 0, 0.0)]:
@@ -80,6 +80,35 @@ def test_one_launch_decode_across_positions_and_calls(heads: int, kv_heads: int,
         want = reference(qn, kc, vc, np.array([pos]), hd ** -0.5, window, softcap)
         np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"pos {pos} w {window}")
         assert not scratch.count.cpu().numpy().any()
+
+
+MODEL_SHAPES = [  # heads, kv heads, head dim: TinyLlama, Llama-3.2-1B's group of 4 (with 2 of its 8 KV heads),
+    (32, 4, 64), (8, 2, 64), (12, 2, 128), (4, 1, 256), (9, 3, 64), (2, 2, 64)]  # Qwen2.5, Gemma-3, SmolLM2, MHA
+
+
+@pytest.mark.parametrize("heads, kv_heads, hd", MODEL_SHAPES)
+def test_decode_on_model_shapes(heads: int, kv_heads: int, hd: int, device: str) -> None:
+    """Groups 8/4/6/4/3/1 and head dims 64-256 at positions inside the first chunk, on tile and chunk boundaries and
+    deep enough for many chunks (several combine steps), with sliding windows that start mid-tile and cross chunk
+    boundaries, and soft-capping; chunks of 32 and 128 keys, and a program cap that lengthens deep chunks."""
+    n_ctx = 1040
+    rng = np.random.default_rng(heads * 1000 + hd)
+    k_cache, v_cache, q = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(device)
+                           for s in ((kv_heads, n_ctx, hd), (kv_heads, n_ctx, hd), (1, heads, hd)))
+    kc, vc, qn = k_cache.cpu().numpy(), v_cache.cpu().numpy(), q.cpu().numpy()
+    for chunk, cap in ((32, 32), (128, 32), (32, 5)):
+        scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device), chunk=chunk, max_programs=cap)
+        for pos, window, softcap in [(0, 0, 0.0), (63, 0, 0.0), (64, 0, 0.0), (100, 0, 0.0), (127, 0, 30.0),
+                                     (128, 0, 0.0), (1000, 0, 0.0), (1039, 0, 50.0), (1000, 512, 0.0),
+                                     (700, 300, 0.0), (200, 129, 20.0), (129, 1, 0.0)]:
+            p = torch.tensor([pos], dtype=torch.int32, device=device)
+            out = torch.full((1, heads * hd), float("nan"), device=device)
+            attention(q, k_cache, v_cache, p, scale=hd ** -0.5, window=window, softcap=softcap, out=out,
+                      scratch=scratch)
+            want = reference(qn, kc, vc, np.array([pos]), hd ** -0.5, window, softcap)
+            np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"chunk {chunk} pos {pos} window {window}")
+            assert not scratch.count.cpu().numpy().any()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and concurrent programs need the GPU")
@@ -107,3 +136,23 @@ def test_one_launch_decode_in_a_cuda_graph(device: str) -> None:
             graph.replay()
             np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"pos {p}")
         assert not scratch.count.cpu().numpy().any()
+
+
+@pytest.mark.parametrize("heads, kv_heads, hd", [(12, 2, 128), (9, 3, 64)])
+def test_decode_writes_int8_output(heads: int, kv_heads: int, hd: int, device: str) -> None:
+    """With ``q8``, the decode kernel also writes its output as the int8 activations a separate quantize would
+    (one program writing it directly, and the combine of several)."""
+    from quanta.backends.cuda.q8gemv import Q8Activation, quantize
+
+    n_ctx = 256
+    rng = np.random.default_rng(hd)
+    k_cache, v_cache, q = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(device)
+                           for s in ((kv_heads, n_ctx, hd), (kv_heads, n_ctx, hd), (1, heads, hd)))
+    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device), chunk=32)
+    for pos in (20, 200):
+        out = torch.empty((1, heads * hd), device=device)
+        got = Q8Activation.empty(1, heads * hd, torch.device(device))
+        attention(q, k_cache, v_cache, torch.tensor([pos], dtype=torch.int32, device=device), scale=hd ** -0.5,
+                  out=out, scratch=scratch, q8=got)
+        want = quantize(out)
+        assert torch.equal(got.q, want.q) and torch.equal(got.d, want.d)

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
+from quanta.backends.cuda.q8gemv import Q8Activation, store_q8
 
 _BLOCK = 1024
 
@@ -24,7 +25,8 @@ def _tanh(x):
 
 
 @triton.jit
-def _gated_kernel(g_ptr, u_ptr, y_ptr, N, GELU: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _gated_kernel(g_ptr, u_ptr, y_ptr, q_ptr, qd_ptr, N, GELU: tl.constexpr, Q8: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):
     pdl.allow_next(PDL)
     pdl.wait_prev(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -35,7 +37,10 @@ def _gated_kernel(g_ptr, u_ptr, y_ptr, N, GELU: tl.constexpr, BLOCK: tl.constexp
         a = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
     else:
         a = g / (1.0 + tl.exp(-g))
-    tl.store(y_ptr + offs, a * u, mask=mask)
+    y = a * u
+    tl.store(y_ptr + offs, y, mask=mask)
+    if Q8:  # the int8 copy for the decode GEMV (q8gemv.py); rows are multiples of 32 long
+        store_q8(y, tl.program_id(0) * BLOCK, N - tl.program_id(0) * BLOCK, q_ptr, qd_ptr, BLOCK)
 
 
 @triton.jit
@@ -55,21 +60,28 @@ def _inplace_kernel(x_ptr, b_ptr, N, B, s, OP: tl.constexpr, BLOCK: tl.constexpr
     tl.store(x_ptr + offs, x, mask=mask)
 
 
-def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu: bool) -> torch.Tensor:
+def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu: bool,
+           q8: Q8Activation | None) -> torch.Tensor:
     assert gate.is_contiguous() and up.is_contiguous() and gate.shape == up.shape
     if out is None:
         out = torch.empty_like(gate)
     n = gate.numel()
-    _gated_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, n, GELU=gelu, BLOCK=_BLOCK, **pdl.launch())
+    qargs = (q8.q, q8.d) if q8 is not None else (out, out)
+    _gated_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, *qargs, n, GELU=gelu, Q8=q8 is not None, BLOCK=_BLOCK,
+                                             **pdl.launch())
     return out
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    return _gated(gate, up, out, gelu=False)
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
+             q8: Q8Activation | None = None) -> torch.Tensor:
+    """``silu(gate) * up``; ``q8``: also written there as int8 activations."""
+    return _gated(gate, up, out, False, q8)
 
 
-def gelu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    return _gated(gate, up, out, gelu=True)
+def gelu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
+             q8: Q8Activation | None = None) -> torch.Tensor:
+    """``gelu_tanh(gate) * up``; ``q8``: also written there as int8 activations."""
+    return _gated(gate, up, out, True, q8)
 
 
 def _inplace(x: torch.Tensor, b: torch.Tensor | None, s: float, op: int) -> torch.Tensor:

@@ -5,8 +5,9 @@ Positions are read from device memory, so a captured decode step replays at any 
 positions p with ``p <= pos_i`` and, with a sliding window w > 0, ``p > pos_i - w``. GQA: query head h reads KV
 head ``h // (H / HKV)``; the decode kernel processes all query heads of one KV head together so each K/V tile is
 loaded once. Scores: ``q·k * scale``, then ``softcap * tanh(s / softcap)`` when softcap > 0. Decode is one
-launch: every split program stores its partial softmax, and the last one of each KV head to finish (an atomic
-ticket counter in ``DecodeScratch``) combines them.
+launch over a fixed grid of chunk programs per KV head: a position up to one chunk deep is one program per KV head
+that writes the output itself; deeper, every live chunk stores its partial softmax, and the last one of each KV
+head to finish (an atomic ticket counter in ``DecodeScratch``) combines them.
 
 Tested under TRITON_INTERPRET=1 against a float64 numpy softmax attention (tests/backends/cuda/test_attention.py).
 """
@@ -19,8 +20,11 @@ import triton.language as tl
 
 
 from quanta.backends.cuda.activation import _tanh
+from quanta.backends.cuda.q8gemv import Q8Activation, store_q8
 
 _NEG = tl.constexpr(-1.0e30)  # a finite "minus infinity": keeps exp(m_old - m_new) free of inf - inf
+_LOG2E = tl.constexpr(1.4426950408889634)
+_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -89,69 +93,81 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, N, H, HKV, HD, NCTX, 
 
 
 @triton.jit
-def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV, HD, NCTX, NSPLIT,
-                   scale, softcap, window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, GQ: tl.constexpr,
-                   GG: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr):
-    """One program: the query heads of KV head ``hk`` against cached positions [sp*SPLIT, (sp+1)*SPLIT).
+def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV, HD, NCTX, NSPLIT,
+                   NPROG, scale, softcap, window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, G: tl.constexpr,
+                   MINB: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
+    """Program (hk, c): the G query heads of KV head ``hk`` (no padding: fp32 ``tl.dot`` takes M = 1..8) against
+    chunk c of the visible keys, in BN-key tiles.
 
-    Only live splits (those holding a key the query sees) work: each stores its partial (m, l, acc), then draws a
-    ticket from the KV head's counter; the one that draws the last ticket combines them all into the output and
-    sets the counter back to 0 for the next call. Dead splits exit at once and draw no ticket.
-    Launched without programmatic dependent launch: on the H200 it was faster so (docs/PERF.md, GPU run 13)."""
+    The visible keys [lo, pos] (lo > 0 only with a window) are cut into ``nlive`` chunks of ``per`` tiles, per =
+    max(MINB, ceil(tiles / NPROG)): shallow positions get one chunk per KV head, which writes the output directly
+    (no partials, no ticket); deeper ones spread over up to NPROG programs, whose partials the last to draw a
+    ticket combines. Scores are kept in log2 units (scale * log2(e) folded into q) so the softmax uses exp2; the
+    partial maxima are stored in natural units for ``_combine_splits``. Programs past ``nlive`` exit at once."""
     hk = tl.program_id(0)
-    sp = tl.program_id(1)
+    c = tl.program_id(1)
     group = H // HKV
+    gi = tl.arange(0, G)
+    gmask = gi < group
+    h = hk * group + gi
+    d = tl.arange(0, BD)
+    dmask = d < HD
+    # q does not depend on the position: its load is in flight with pos's
+    q = tl.load(q_ptr + h[:, None] * HD + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
     pos = tl.load(pos_ptr)
-    first = 0
+    lo = 0
     if WINDOW:
-        first = tl.maximum(pos - window + 1, 0) // SPLIT
-    last = pos // SPLIT
-    if (sp >= first) & (sp <= last):
-        gi = tl.arange(0, GQ)
-        gmask = gi < group
-        h = hk * group + gi
-        d = tl.arange(0, BD)
-        dmask = d < HD
-        q = tl.load(q_ptr + h[:, None] * HD + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
-        start = sp * SPLIT
-        end = tl.minimum(start + SPLIT, pos + 1)
-        lo = start
-        if WINDOW:
-            lo = tl.maximum(start, ((pos - window + 1) // BN) * BN)
-        m_i = tl.full([GQ], _NEG, dtype=tl.float32)
-        l_i = tl.zeros([GQ], dtype=tl.float32)
-        acc = tl.zeros([GQ, BD], dtype=tl.float32)
+        lo = tl.maximum(pos - window + 1, 0)
+    tiles = pos // BN + 1 - lo // BN
+    per = tl.maximum(MINB, tl.cdiv(tiles, NPROG))
+    nlive = tl.cdiv(tiles, per)
+    if c < nlive:
+        if SOFTCAP:
+            q = q * scale
+        else:
+            q = q * (scale * _LOG2E)
+        start = (lo // BN + c * per) * BN
+        end = tl.minimum(start + per * BN, pos + 1)
+        m_i = tl.full([G], _NEG, dtype=tl.float32)
+        l_i = tl.zeros([G], dtype=tl.float32)
+        acc = tl.zeros([G, BD], dtype=tl.float32)
         kbase = kc_ptr + hk * NCTX * HD
         vbase = vc_ptr + hk * NCTX * HD
-        for b in range(lo, end, BN):
+        for b in range(start, end, BN):  # every tile holds a visible key, so m_new > _NEG below
             p = b + tl.arange(0, BN)
-            valid = p < end
-            if WINDOW:
-                valid = valid & (p > pos - window)
+            valid = (p <= pos) & (p >= lo)
             kvmask = valid[:, None] & dmask[None, :]
             k = tl.load(kbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
-            v = tl.load(vbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)  # in flight with k
-            s = tl.where(valid[None, :], _scores(q, k, scale, softcap, SOFTCAP, "ieee"), _NEG)
+            v = tl.load(vbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            if SOFTCAP:
+                s = (softcap * _LOG2E) * _tanh(s / softcap)
+            s = tl.where(valid[None, :], s, _NEG)
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            pexp = tl.where(valid[None, :], tl.exp(s - m_new[:, None]), 0.0)
+            alpha = tl.exp2(m_i - m_new)
+            pexp = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(pexp, axis=1)
             acc = acc * alpha[:, None] + tl.dot(pexp, v, input_precision="ieee")
             m_i = m_new
-        tl.store(pm_ptr + h * NSPLIT + sp, m_i, mask=gmask)
-        tl.store(pl_ptr + h * NSPLIT + sp, l_i, mask=gmask)
-        tl.store(po_ptr + (h[:, None] * NSPLIT + sp) * BD + d[None, :], acc, mask=gmask[:, None] & dmask[None, :])
-        # every thread's partial is written before the ticket (one thread draws it; release at gpu scope)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(cnt_ptr + hk, 1, sem="acq_rel", scope="gpu")
-        if ticket == last - first:
-            tl.store(cnt_ptr + hk, 0)
-            _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, hk * group, group, first, last, HD, NSPLIT, GG, BS, BD)
+        if nlive == 1:
+            _store_out(acc / l_i[:, None], o_ptr, oq_ptr, od_ptr, hk * group, group, HD, G, BD, Q8)
+        else:
+            tl.store(pm_ptr + h * NSPLIT + c, m_i * _LN2, mask=gmask)
+            tl.store(pl_ptr + h * NSPLIT + c, l_i, mask=gmask)
+            tl.store(po_ptr + (h[:, None] * NSPLIT + c) * BD + d[None, :], acc,
+                     mask=gmask[:, None] & dmask[None, :])
+            # every thread's partial is written before the ticket (one thread draws it; release at gpu scope)
+            tl.debug_barrier()
+            ticket = tl.atomic_add(cnt_ptr + hk, 1, sem="acq_rel", scope="gpu")
+            if ticket == nlive - 1:
+                tl.store(cnt_ptr + hk, 0)
+                _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, hk * group, group, 0, nlive - 1, HD,
+                                NSPLIT, G, BS, BD, Q8)
 
 
 @triton.jit
-def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, h0, group, first, last, HD, NSPLIT, GG: tl.constexpr,
-                    BS: tl.constexpr, BD: tl.constexpr):
+def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, first, last, HD, NSPLIT,
+                    GG: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
     """Heads [h0, h0 + group): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over splits [first, last].
 
     The partials come from other programs of this launch: loads bypass L1 (``.cg``), which is not coherent."""
@@ -177,21 +193,42 @@ def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, h0, group, first, last, HD, N
         l_run = l_run * alpha + tl.sum(w * l, axis=1)
         acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, axis=1)
         m_run = m_new
-    out = acc / tl.where(l_run > 0, l_run, 1.0)[:, None]
-    tl.store(o_ptr + h[:, None] * HD + d[None, :], out, mask=hmask[:, None] & dmask[None, :])
+    _store_out(acc / tl.where(l_run > 0, l_run, 1.0)[:, None], o_ptr, oq_ptr, od_ptr, h0, group, HD, GG, BD, Q8)
+
+
+@triton.jit
+def _store_out(out, o_ptr, oq_ptr, od_ptr, h0, group, HD, G: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
+    """Store the [G, BD] outputs of heads h0 .. h0+group-1 (rows past ``group`` are padding); Q8: also as int8
+    activations for the output projection (q8gemv.py; needs BD == HD, so the heads are one contiguous run)."""
+    g = tl.arange(0, G)
+    d = tl.arange(0, BD)
+    tl.store(o_ptr + (h0 + g)[:, None] * HD + d[None, :], out, mask=(g < group)[:, None] & (d < HD)[None, :])
+    if Q8:
+        store_q8(tl.reshape(out, [G * BD]), h0 * HD, group * HD, oq_ptr, od_ptr, G * BD)
+
+
+def writes_q8(head_dim: int) -> bool:
+    """Whether the decode kernel can also write its output as int8 activations (``attention(q8=...)``)."""
+    return head_dim % 32 == 0 and head_dim == triton.next_power_of_2(head_dim)
 
 
 class DecodeScratch:
-    """Partial results of the split-KV decode kernel for one (heads, n_ctx, head_dim), allocated once, and one
-    ticket counter per head (zero between calls: the kernel's last program of each KV head resets its own)."""
+    """Partial results of the decode kernel for one (heads, n_ctx, head_dim), allocated once, and one ticket counter
+    per KV head (zero between calls: the kernel's last program of each KV head resets its own).
 
-    def __init__(self, n_heads: int, n_ctx: int, head_dim: int, device: torch.device):
-        self.split = 64 * max(1, n_ctx // 8192)
-        self.nsplit = triton.cdiv(n_ctx, self.split)
-        bd = triton.next_power_of_2(head_dim)
-        self.o = torch.empty((n_heads, self.nsplit, bd), dtype=torch.float32, device=device)
-        self.m = torch.empty((n_heads, self.nsplit), dtype=torch.float32, device=device)
-        self.l = torch.empty((n_heads, self.nsplit), dtype=torch.float32, device=device)
+    At least ``chunk`` keys per program (default: 64 at head dim 64, 32 above; the H200 sweep of
+    scripts/gpu_attn.py), at most ``max_programs`` programs per KV head (deeper positions get longer chunks, so the
+    serial combine stays short), ``warps`` warps each."""
+
+    def __init__(self, n_heads: int, n_ctx: int, head_dim: int, device: torch.device, *, chunk: int | None = None,
+                 max_programs: int = 32, warps: int = 4):
+        self.chunk = chunk or (64 if head_dim <= 64 else 32)
+        self.warps = warps
+        self.nprog = min(triton.cdiv(n_ctx, self.chunk), max_programs)
+        bd = max(16, triton.next_power_of_2(head_dim))
+        self.o = torch.empty((n_heads, self.nprog, bd), dtype=torch.float32, device=device)
+        self.m = torch.empty((n_heads, self.nprog), dtype=torch.float32, device=device)
+        self.l = torch.empty((n_heads, self.nprog), dtype=torch.float32, device=device)
         self.count = torch.zeros(n_heads, dtype=torch.int32, device=device)
 
 
@@ -205,8 +242,10 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, *,
               scale: float, window: int = 0, softcap: float = 0.0, out: torch.Tensor,
-              scratch: DecodeScratch | None = None, exact: bool = False) -> torch.Tensor:
-    """Attention of q (n, H, hd) over the caches → ``out`` (n, H*hd); one token uses split-KV when given scratch.
+              scratch: DecodeScratch | None = None, exact: bool = False,
+              q8: Q8Activation | None = None) -> torch.Tensor:
+    """Attention of q (n, H, hd) over the caches → ``out`` (n, H*hd); one token uses split-KV when given scratch
+    (and, with ``q8``, also writes the output there as int8 activations: only where :func:`writes_q8`).
 
     Decode multiplies in IEEE fp32; prefill on tf32 tensor cores unless ``exact``."""
     n, h, hd = q.shape
@@ -215,11 +254,16 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     flags = dict(SOFTCAP=softcap > 0, WINDOW=window > 0)
     if n == 1 and scratch is not None:
         group = triton.next_power_of_2(h // hkv)
+        bd = max(16, bd)
+        bn = 64 if bd <= 64 else 32 if bd <= 128 else 16  # a K and a V tile of 16 KB each
         bs = max(1, min(16, 4096 // (group * bd)))  # splits per combine step: a [group, bs, bd] tile
-        _decode_kernel[(hkv, scratch.nsplit)](
-            q, k_cache, v_cache, positions, out, scratch.o, scratch.m, scratch.l, scratch.count, h, hkv, hd, n_ctx,
-            scratch.nsplit, scale, softcap or 1.0, window, GQ=max(16, group), GG=group, SPLIT=scratch.split,
-            BN=min(64 if bd <= 128 else 32, scratch.split), BS=bs, BD=bd, num_warps=4, num_stages=2, **flags)
+        assert q8 is None or writes_q8(hd)
+        qargs = (q8.q, q8.d) if q8 is not None else (out, out)
+        _decode_kernel[(hkv, scratch.nprog)](
+            q, k_cache, v_cache, positions, out, *qargs, scratch.o, scratch.m, scratch.l, scratch.count, h, hkv, hd, n_ctx,
+            scratch.m.shape[1], scratch.nprog, scale, softcap or 1.0, window, G=group,
+            MINB=max(1, scratch.chunk // bn), BN=bn, BS=bs, BD=bd, num_warps=scratch.warps, num_stages=2,
+            Q8=q8 is not None, **flags)
         return out
     # fp32 tiles: wide heads (gemma's 256) get smaller tiles and a 2-deep pipeline to fit shared memory
     bm = 16 if n <= 16 else 64 if bd <= 128 else 32

@@ -1,14 +1,16 @@
-"""The CUDA backend: torch CUDA tensors as arrays, Triton kernels for every op, the decode step as a CUDA graph.
+"""The CUDA backend: torch CUDA tensors as arrays, Triton kernels for every op, decode and prefill as CUDA graphs.
 
 Weights are uploaded once as GGUF bytes and repacked on the device (repack.py); no float copy stays resident.
-Intermediates come from named buffers; a one-token forward (decode) uses its own fixed buffers, so the captured
-graph's addresses never move. Decode replays the graph after writing the token id and the position into two
-device scalars: nothing is allocated and the host reads back only the logits it asks for (or the argmax id).
+Intermediates come from named buffers; a one-token forward (decode) uses its own fixed buffers, and a prefill
+captured as a graph (padded to a length bucket, graphs.py) uses storage sized for the largest bucket, so the
+captured graphs' addresses never move. Decode replays its graph after writing the token id and the position into
+two device scalars: nothing is allocated and the host reads back only the logits it asks for (or the argmax id).
 On a machine without CUDA the backend also runs on ``device="cpu"`` under ``TRITON_INTERPRET=1`` (tests).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from typing import Any
@@ -19,7 +21,10 @@ import torch
 from quanta.backends.base import Array, Backend, KVShape
 from quanta.backends.cuda import activation, attention, norm, pdl, rope
 from quanta.backends.cuda.embed import embed as _embed
-from quanta.backends.cuda.qmatmul import qmatmul
+from quanta.backends.cuda.graphs import (CAPTURE_AT_USE, MAX_GRAPH_PREFILL, DecodeGraph, PrefillGraph,
+                                         padded_inputs, prefill_bucket)
+from quanta.backends.cuda.q8gemv import Q8Activation, quantize
+from quanta.backends.cuda.qmatmul import GEMV_MAX_ROWS, qmatmul
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight, fuse, repack
 from quanta.backends.cuda.sampling import Argmax
 from quanta.errors import QuantaError
@@ -63,46 +68,37 @@ def _host_tensor(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a)
 
 
-class _DecodeGraph:
-    """The one-token forward captured for one (model, cache): token id and position live in device memory."""
-
-    def __init__(self, model: Any, cache: Any, device: torch.device, token: int, start: int):
-        self.ids = torch.full((1,), token, dtype=torch.int32, device=device)
-        self.pos = torch.full((1,), start, dtype=torch.int32, device=device)
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # warm-up: compiles every kernel; rewrites the same K/V at `start`
-            model.forward(self.ids, self.pos, cache, all_logits=False)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = model.forward(self.ids, self.pos, cache, all_logits=False)
-
-    def run(self, token: int, start: int) -> torch.Tensor:
-        self.ids.fill_(token)
-        self.pos.fill_(start)
-        self.graph.replay()
-        return self.logits
-
-
 class CUDABackend(Backend):
     name = "cuda"
 
     def __init__(self, device: str | torch.device = "cuda", *, exact: bool = False, graphs: bool = True):
-        """``exact``: prefill matmuls and attention in IEEE fp32 instead of tf32 tensor cores (decode is fp32
-        always)."""
+        """``exact``: every matmul and attention in IEEE fp32. Otherwise prefill matmuls run on bf16 tensor cores
+        and decode matmuls on int8 activations (q8gemv.py; ``QUANTA_Q8=0``: float activations)."""
         self.device = torch.device(device)
         self.exact = exact
+        self.q8 = not exact and os.environ.get("QUANTA_Q8", "1") != "0"
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise QuantaError("--device cuda needs an NVIDIA GPU with a CUDA build of torch; none was found")
         self.graphs = graphs and self.device.type == "cuda"
+        self._primer: threading.Thread | None = None
         if self.device.type == "cuda":
-            threading.Thread(target=_prime_triton, daemon=True).start()
+            self._primer = threading.Thread(target=_prime_triton, daemon=True)
+            self._primer.start()
         pdl.enable(self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] >= 9)
         self._buffers: dict[Any, torch.Tensor] = {}
         self._decode_scratch: dict[tuple[int, int, int], attention.DecodeScratch] = {}
         self._argmax: dict[int, Argmax] = {}
-        self._graphs: dict[tuple[int, int], _DecodeGraph] = {}
+        # int8 copies of decode activations (q8gemv.py), one storage per float buffer; "live" ones are current:
+        # written by the op that wrote the float values, and dropped by the next op that is not a matmul
+        self._q8: dict[tuple[int, tuple[int, ...]], Q8Activation] = {}
+        self._q8_live: set[tuple[int, tuple[int, ...]]] = set()
+        # decode graphs per (model, cache), prefill graphs per (model, cache, bucket); a new cache drops them all
+        self._graphs: dict[tuple[int, ...], DecodeGraph | PrefillGraph] = {}
+        self._prefill_uses: dict[tuple[int, int, int], int] = {}  # prefills per (model, cache, bucket)
+        self._prefill_rows = 0  # > 0 while a graph prefill's forward runs: the rows its buffers are sized for
+        self._prefill_buffers: dict[str, torch.Tensor] = {}
+        self._prefill_pool: Any = None  # one graph memory pool and one capture stream for every prefill graph
+        self._capture_stream: torch.cuda.Stream | None = None
 
     # ---- loading ---------------------------------------------------------------------------------------------
     def load_weight(self, tensor: TensorInfo) -> PackedWeight:
@@ -133,6 +129,7 @@ class CUDABackend(Backend):
 
     def kv_cache(self, shape: KVShape) -> CUDAKVCache:
         self._graphs.clear()
+        self._prefill_uses.clear()
         return CUDAKVCache(shape, self.device)
 
     def buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -143,10 +140,49 @@ class CUDABackend(Backend):
             if buf is None:
                 buf = self._buffers[key] = torch.empty(size, dtype=torch.float32, device=self.device)
             return buf.view(shape)
+        if self._prefill_rows:  # a graph prefill: storage for its largest bucket, shared by all prefill graphs
+            need = size // shape[0] * self._prefill_rows
+            buf = self._prefill_buffers.get(name)
+            if buf is None or buf.numel() < need:
+                if buf is not None:  # a wider model's warm-up: the captured graphs read the old storage
+                    self._drop_prefill_graphs()
+                buf = self._prefill_buffers[name] = torch.empty(need, dtype=torch.float32, device=self.device)
+            return buf[:size].view(shape)
         buf = self._buffers.get(name)
         if buf is None or buf.numel() < size:
             buf = self._buffers[name] = torch.empty(size, dtype=torch.float32, device=self.device)
         return buf[:size].view(shape)
+
+    # ---- int8 activations for the decode GEMV ------------------------------------------------------------------
+    def _q8_copy(self, x: torch.Tensor) -> Q8Activation | None:
+        """The int8 storage paired with float activations ``x`` when they can feed the int8 GEMV, else None."""
+        if not self.q8 or x.dim() != 2 or x.shape[0] > GEMV_MAX_ROWS or x.shape[1] % 32 or not x.is_contiguous():
+            return None
+        key = (x.data_ptr(), tuple(x.shape))
+        q = self._q8.get(key)
+        if q is None:
+            q = self._q8[key] = Q8Activation.empty(*x.shape, self.device)
+        return q
+
+    def _produce_q8(self, out: torch.Tensor | None) -> Q8Activation | None:
+        """For an op about to write ``out``: every int8 copy goes stale; returns the one the op should write."""
+        self._q8_live.clear()
+        q = self._q8_copy(out) if out is not None else None
+        if q is not None:
+            self._q8_live.add((out.data_ptr(), tuple(out.shape)))
+        return q
+
+    def _q8_input(self, x: torch.Tensor, outs: list[torch.Tensor]) -> Q8Activation | None:
+        """The current int8 copy of a matmul's input (quantized now if its producer did not write one); the
+        matmul's outputs go stale."""
+        q = self._q8_copy(x)
+        key = (x.data_ptr(), tuple(x.shape))
+        if q is not None and key not in self._q8_live:
+            quantize(x, q)
+            self._q8_live.add(key)
+        for o in outs:
+            self._q8_live.discard((o.data_ptr(), tuple(o.shape)))
+        return q
 
     # ---- ops -------------------------------------------------------------------------------------------------
     def positions(self, start: int, n: int) -> torch.Tensor:
@@ -154,25 +190,32 @@ class CUDABackend(Backend):
 
     def matmul(self, x: torch.Tensor, w: PackedWeight, *, out: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return qmatmul(x, w, out=out, residual=residual, bias=bias, exact=self.exact)
+        xq = self._q8_input(x, [out] if out is not None else []) if w.kind != "dense" else None
+        return qmatmul(x, w, out=out, residual=residual, bias=bias, exact=self.exact, xq=xq)
 
     def matmul_split(self, x: torch.Tensor, w: FusedWeight, outs: list[torch.Tensor]) -> list[torch.Tensor]:
         assert [o.shape[-1] for o in outs] == list(w.widths), ([o.shape for o in outs], w.widths)
-        qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact)
+        xq = self._q8_input(x, outs) if w.packed.kind != "dense" else None
+        qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact, xq=xq)
         return outs
 
     def embed(self, w: PackedWeight, token_ids: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        self._produce_q8(None)
         return _embed(w, token_ids, out=out)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, *,
                  out: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
-        return norm.rms_norm(x, weight, eps, out=out, residual=residual)
+        if out is None:
+            out = torch.empty_like(x)
+        return norm.rms_norm(x, weight, eps, out=out, residual=residual, q8=self._produce_q8(out))
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor, table: Any, *, neox: bool) -> torch.Tensor:
+        self._produce_q8(None)
         return rope.rope(x, positions, table, neox)
 
     def rope_qk(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, table: Any, *, neox: bool,
                 v: torch.Tensor | None = None, cache: Any = None) -> bool:
+        self._produce_q8(None)
         rope.rope_qk(q, k, positions, table, neox, v=v, cache=cache)
         return v is not None and cache is not None
 
@@ -183,6 +226,7 @@ class CUDABackend(Backend):
         n, n_heads, hd = q.shape
         if out is None:
             out = torch.empty((n, n_heads * hd), dtype=torch.float32, device=self.device)
+        q8 = self._produce_q8(out if n == 1 and attention.writes_q8(hd) else None)
         k_cache, v_cache = cache
         if k is not None:  # None: rope_qk stored them
             attention.write_kv(k, v, k_cache, v_cache, positions)
@@ -194,21 +238,26 @@ class CUDABackend(Backend):
                 scratch = self._decode_scratch[key] = attention.DecodeScratch(n_heads, k_cache.shape[1], hd,
                                                                               self.device)
         return attention.attention(q, k_cache, v_cache, positions, scale=scale, window=window, softcap=softcap,
-                                   out=out, scratch=scratch, exact=self.exact)
+                                   out=out, scratch=scratch, exact=self.exact, q8=q8)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        return activation.silu_mul(gate, up, out=out)
+        out = out if out is not None else torch.empty_like(gate)
+        return activation.silu_mul(gate, up, out=out, q8=self._produce_q8(out))
 
     def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        return activation.gelu_mul(gate, up, out=out)
+        out = out if out is not None else torch.empty_like(gate)
+        return activation.gelu_mul(gate, up, out=out, q8=self._produce_q8(out))
 
     def add(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        self._produce_q8(None)
         return activation.add_(a, b)
 
     def scale(self, x: torch.Tensor, s: float) -> torch.Tensor:
+        self._produce_q8(None)
         return activation.scale_(x, s)
 
     def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
+        self._produce_q8(None)
         return activation.softcap_(x, cap)
 
     def softmax(self, x: torch.Tensor) -> torch.Tensor:
@@ -230,12 +279,55 @@ class CUDABackend(Backend):
 
     # ---- the forward -----------------------------------------------------------------------------------------
     def forward(self, model: Any, token_ids: np.ndarray, start: int, cache: Any, *, all_logits: bool) -> Array:
+        if self._primer is not None:  # the first launch would hash Triton's sources again while the thread does
+            self._primer.join()
+            self._primer = None
         # op wrappers installed on the instance (bench's per-op timers) need eager execution
         wrapped = "matmul" in self.__dict__
-        if self.graphs and not wrapped and len(token_ids) == 1 and not all_logits:
-            key = (id(model), id(cache))
-            g = self._graphs.get(key)
-            if g is None:
-                g = self._graphs[key] = _DecodeGraph(model, cache, self.device, int(token_ids[0]), start)
-            return g.run(int(token_ids[0]), start)
+        if self.graphs and not wrapped and not all_logits:
+            if len(token_ids) == 1:
+                key = (id(model), id(cache))
+                g = self._graphs.get(key)
+                if g is None:
+                    g = self._graphs[key] = DecodeGraph(model, cache, self.device, int(token_ids[0]), start)
+                return g.run(int(token_ids[0]), start)
+            n_ctx = min(model.n_ctx, cache.shape.n_ctx)
+            rows = prefill_bucket(len(token_ids), start, n_ctx)
+            if rows is not None:
+                key = (id(model), id(cache), rows)
+                self._prefill_uses[key] = self._prefill_uses.get(key, 0) + 1
+            if rows is not None and self._prefill_uses[key] >= CAPTURE_AT_USE:
+                return self._prefill_graph(model, cache, token_ids, start, rows, min(MAX_GRAPH_PREFILL, n_ctx))
         return super().forward(model, token_ids, start, cache, all_logits=all_logits)
+
+    def _prefill_graph(self, model: Any, cache: Any, token_ids: np.ndarray, start: int, rows: int,
+                       capacity: int) -> torch.Tensor:
+        """Replay (captured at its first use) the graph of ``rows`` padded rows; buffers sized for ``capacity``."""
+        inputs = padded_inputs(token_ids, start, rows)
+        key = (id(model), id(cache), rows)
+        g = self._graphs.get(key)
+        if g is None:
+            if not any(isinstance(h, PrefillGraph) for h in self._graphs.values()):
+                # a new pool: the old one (if any) is released with its last graph, its id not safely reusable
+                self._prefill_pool = torch.cuda.graph_pool_handle()
+            if self._capture_stream is None:
+                self._capture_stream = torch.cuda.Stream(self.device)
+            g = self._graphs[key] = PrefillGraph(
+                lambda ids, positions: self._padded_forward(model, cache, ids, positions, capacity), inputs,
+                self.device, self._prefill_pool, self._capture_stream)
+        return g.run(inputs)
+
+    def _padded_forward(self, model: Any, cache: Any, ids: torch.Tensor, positions: torch.Tensor,
+                        capacity: int) -> torch.Tensor:
+        """The last row's logits of ``model.forward`` on padded rows (graphs.padded_inputs), its intermediates in
+        the prefill storage sized for ``capacity`` rows: the forward a prefill graph captures."""
+        self._prefill_rows = capacity
+        try:
+            return model.forward(ids, positions, cache, all_logits=False)
+        finally:
+            self._prefill_rows = 0
+
+    def _drop_prefill_graphs(self) -> None:
+        self.synchronize()  # a replay may still read the storage about to be replaced
+        for key in [k for k, g in self._graphs.items() if isinstance(g, PrefillGraph)]:
+            del self._graphs[key]

@@ -21,6 +21,8 @@ Tested under TRITON_INTERPRET=1 against gguf-py's dequantize followed by a float
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -279,11 +281,12 @@ def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue) -> None:
 
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, exact: bool = False, bias: torch.Tensor | None = None,
-            outs: list[torch.Tensor] | None = None) -> torch.Tensor:
+            outs: list[torch.Tensor] | None = None, xq: Any = None) -> torch.Tensor:
     """``x @ W.T (+ bias) (+ residual)``: x (m, k) float32 contiguous rows → (m, n) float32 (written into ``out``;
     ``residual`` may be ``out``). ``outs``: instead, column blocks into these contiguous (m, n_i) arrays (≤ 3).
 
-    ``exact``: the prefill GEMM multiplies in IEEE fp32 instead of tf32."""
+    ``exact``: the prefill GEMM multiplies in IEEE fp32 instead of bf16. ``xq``: x as int8 (a ``Q8Activation``):
+    a quantized weight then takes the int8 GEMV (q8gemv.py) for few rows."""
     m, k = x.shape
     assert k == w.k and x.stride(1) == 1, (x.shape, w.k)
     if outs:
@@ -293,7 +296,13 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
         out = torch.empty((m, w.n), dtype=torch.float32, device=x.device)
     assert residual is None or residual.stride(0) == out.stride(0)
     ep = _Epilogue(out, residual, bias, outs, w.n)
-    if m <= GEMV_MAX_ROWS:
+    if m <= GEMV_MAX_ROWS and xq is not None and w.kind != "dense":
+        from quanta.backends.cuda.q8gemv import gemv_q8  # q8gemv.py imports this module's tiles
+
+        meta = _meta(w)
+        del meta["KIND"]
+        gemv_q8(xq, w, _planes(w)[1:], ep.args(), ep.bounds, ep.out.stride(0), ep.flags(), meta)
+    elif m <= GEMV_MAX_ROWS:
         _gemv(x, w, ep)
     else:
         from quanta.backends.cuda.gemm import gemm  # gemm.py imports this module's epilogue

@@ -1,0 +1,108 @@
+"""CUDA graphs of the forward: the decode step (one token) and the prefill, padded to a length bucket.
+
+A graph replays ~300 kernel launches without Python in between. Inputs live in device memory written before the
+replay (the decode token and position by ``fill_``; a prefill's ids and positions by one host→device copy), and
+every intermediate comes from backend buffers whose addresses never move while a graph reads them.
+
+Prefill padding: ``n`` prompt tokens run as ``bucket(n)`` rows. The ``pad`` extra rows go FIRST and take the
+positions after the prompt (``start + n ..``), so the last row is still the last real token and
+``Model.logits``' last-row selection needs no change. Rows never mix except through the KV cache, and attention
+reads only positions ``p <= pos``: real rows never see the padding's K/V, which lands past the prompt as harmless
+garbage (every later token writes its K/V before anything reads that position). Rows of a batch are independent in
+every other op (matmul, norms, rope, activations), so the real rows' values equal an unpadded forward's; an op that
+mixed rows (say, one activation scale per tensor) would break that (tests/backends/cuda/test_graphs.py checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from quanta.backends.cuda.qmatmul import GEMV_MAX_ROWS
+
+MIN_GRAPH_PREFILL = GEMV_MAX_ROWS + 1  # fewer rows keep the fp32 GEMV of an unpadded eager forward
+MAX_GRAPH_PREFILL = 2048  # longer prompts run eagerly (their launch overhead is small next to the kernels)
+MIN_STEP = 16  # buckets are multiples of 16: one Triton specialization (divisibility) of the row count
+PAD_ID = 0  # any valid token id: the padding rows' values are never read
+CAPTURE_AT_USE = 2  # a bucket's graph is captured at its second prefill: the first prompt (time to first token)
+# runs eagerly instead of paying a warm-up, a capture and a replay
+
+
+def bucket(n: int) -> int:
+    """Rows a prefill of ``n`` tokens runs as: ``n`` rounded up to a multiple of ``max(16, next_pow2(n) / 16)``.
+
+    Eight buckets per octave above 256 (16, 32, … 256, 288, 320, … 512, 576, … 2048: 40 up to 2048), so the
+    padding is under 16 rows, or under 12.5% of ``n`` (step ≤ next_pow2(n) / 16 < n / 8)."""
+    step = max(MIN_STEP, (1 << (n - 1).bit_length()) // 16)
+    return -(-n // step) * step
+
+
+def prefill_bucket(n: int, start: int, n_ctx: int) -> int | None:
+    """The bucket a prefill of ``n`` tokens at ``start`` replays as a graph, or None when it runs eagerly: too few
+    or too many tokens, or padding positions that would pass the context (``start + bucket > n_ctx``)."""
+    if not MIN_GRAPH_PREFILL <= n <= MAX_GRAPH_PREFILL:
+        return None
+    b = bucket(n)
+    return b if start + b <= n_ctx else None
+
+
+def padded_inputs(token_ids: np.ndarray, start: int, rows: int) -> np.ndarray:
+    """(2, rows) int32: token ids and positions of a prefill padded at the front (see the module note).
+
+    Row ``r`` has position ``start + (r + n) % rows``: padding rows ``start + n ..``, then the prompt ``start ..``."""
+    n = len(token_ids)
+    out = np.empty((2, rows), np.int32)
+    out[0, :rows - n] = PAD_ID
+    out[0, rows - n:] = token_ids
+    out[1] = start + (np.arange(rows) + n) % rows
+    return out
+
+
+class DecodeGraph:
+    """The one-token forward captured for one (model, cache): token id and position live in device memory."""
+
+    def __init__(self, model: Any, cache: Any, device: torch.device, token: int, start: int):
+        self.ids = torch.full((1,), token, dtype=torch.int32, device=device)
+        self.pos = torch.full((1,), start, dtype=torch.int32, device=device)
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm-up: compiles every kernel; rewrites the same K/V at `start`
+            model.forward(self.ids, self.pos, cache, all_logits=False)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = model.forward(self.ids, self.pos, cache, all_logits=False)
+
+    def run(self, token: int, start: int) -> torch.Tensor:
+        self.ids.fill_(token)
+        self.pos.fill_(start)
+        self.graph.replay()
+        return self.logits
+
+
+class PrefillGraph:
+    """The forward of one bucket of padded rows, captured once for one (model, cache).
+
+    ``forward(ids, positions)`` runs the model with the backend's fixed prefill buffers. The first call's inputs
+    serve the warm-up (it compiles this bucket's kernels and writes the K/V the replay rewrites). All prefill
+    graphs share one memory pool and one capture stream: they never run concurrently, and what they allocate
+    inside the graph (the GEMM's permuted copies of x) is dead by the end of each replay."""
+
+    def __init__(self, forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], inputs: np.ndarray,
+                 device: torch.device, pool: Any, stream: torch.cuda.Stream):
+        self.io = torch.from_numpy(inputs).to(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            forward(self.io[0], self.io[1])
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream):
+            self.logits = forward(self.io[0], self.io[1])
+
+    def run(self, inputs: np.ndarray) -> torch.Tensor:
+        self.io.copy_(torch.from_numpy(inputs))  # ≤ 16 KB from pageable memory: synchronous, allocates nothing
+        self.graph.replay()
+        return self.logits
