@@ -136,6 +136,18 @@ def kernel_checks(rows: tuple[int, ...] = (1, 3, 77)) -> None:
                 ref = x.double() @ dequantize_packed(p).double().T + (0 if b is None else b.double())
                 err = max(err, ((y.double() - ref).norm() / ref.norm()).item())
             worst[f"{t} m={m} fused"] = err
+        if w.kind != "dense":  # the int8-activation GEMV: against the float64 matmul of the dequantized int8 x
+            from quanta.backends.cuda.q8gemv import quantize
+
+            for m in (1, 3):
+                x = torch.randn(m, k, device="cuda")
+                xq = quantize(x)
+                xd = (xq.q.view(m, k // 32, 8, 4).transpose(2, 3).reshape(m, k // 32, 32).double()
+                      * xq.d.double()[..., None]).reshape(m, k)
+                y = torch.full((m, n), float("nan"), device="cuda")
+                qmatmul(x, w, out=y, xq=xq)
+                ref = xd @ wd.T
+                worst[f"{t} m={m} int8"] = ((y.double() - ref).norm() / ref.norm()).item()
         if rows == (1,):  # quick: the GEMV only
             continue
         ids = torch.tensor([0, 999, 17], dtype=torch.int32, device="cuda")
@@ -192,6 +204,12 @@ def teacher_forced(be, model, cache, ids: list[int]) -> np.ndarray:
     return be.to_host(be.forward(model, np.asarray(ids, np.int32), 0, cache, all_logits=True)).copy()
 
 
+def teacher_forced_decode(be, model, cache, ids: list[int]) -> np.ndarray:
+    """The same logits as :func:`teacher_forced`, one token per forward: the decode path (GEMV, graph)."""
+    return np.concatenate([be.to_host(be.forward(model, np.asarray([t], np.int32), i, cache, all_logits=False))
+                           for i, t in enumerate(ids)])
+
+
 def ppl(logits: np.ndarray, ids: list[int]) -> float:
     lg = logits[:-1].astype(np.float64)
     lse = np.log(np.exp(lg - lg.max(1, keepdims=True)).sum(1)) + lg.max(1)
@@ -240,6 +258,9 @@ def compare(models: list[tuple[str, Path]], n_tokens: int = 32) -> None:
             if label != "cuda-eager":
                 cache = be.kv_cache(model.kv_shape())
                 lg = teacher_forced(be, model, cache, [int(x) for x in text])
+            if label == "cuda-fast":  # default mode through the decode path: the int8-activation GEMV
+                cache = be.kv_cache(model.kv_shape())
+                res["cuda-fast-decode"] = ([], teacher_forced_decode(be, model, cache, [int(x) for x in text]))
             res[label] = (toks, lg)
             del model
         cpu, gpu, eager = res["cpu"], res["cuda"], res["cuda-eager"]
@@ -252,15 +273,19 @@ def compare(models: list[tuple[str, Path]], n_tokens: int = 32) -> None:
         fast = res["cuda-fast"][1]  # default mode: bf16 prefill GEMM, against the CPU's exact logits
         top1_fast = float(np.mean(cpu[1].argmax(1) == fast.argmax(1)))
         ppl_fast = ppl(fast, text)
+        dec = res["cuda-fast-decode"][1]
+        top1_dec, ppl_dec = float(np.mean(cpu[1].argmax(1) == dec.argmax(1))), ppl(dec, text)
         row = dict(model=name, prompts_equal=f"{same}/{len(prompts)}", first_diff=first_diff, top1=top1,
                    ppl_cpu=p_cpu, ppl_gpu=p_gpu, ppl_rel=abs(p_gpu - p_cpu) / p_cpu, max_logit_diff=maxdiff,
                    graph_equals_eager=graph_ok, top1_fast=top1_fast, ppl_fast=ppl_fast,
-                   ppl_rel_fast=abs(ppl_fast - p_cpu) / p_cpu, seconds=time.perf_counter() - t0)
+                   ppl_rel_fast=abs(ppl_fast - p_cpu) / p_cpu, top1_fast_decode=top1_dec, ppl_fast_decode=ppl_dec,
+                   ppl_rel_fast_decode=abs(ppl_dec - p_cpu) / p_cpu, seconds=time.perf_counter() - t0)
         say("  ", json.dumps(row))
         rows.append(row)
         SUMMARY.append(f"{name:26s} tokens {same}/{len(prompts)} equal (first diff {first_diff}), top-1 {top1:.3f}, "
                        f"ppl {p_cpu:.3f}/{p_gpu:.3f} ({100 * row['ppl_rel']:.3f}%), graph==eager {graph_ok}; "
-                       f"fast: top-1 {top1_fast:.3f}, ppl {100 * row['ppl_rel_fast']:.3f}%")
+                       f"fast: top-1 {top1_fast:.3f}, ppl {100 * row['ppl_rel_fast']:.3f}%; fast decode (int8 GEMV): "
+                       f"top-1 {top1_dec:.3f}, ppl {ppl_dec:.3f} ({100 * row['ppl_rel_fast_decode']:.3f}%)")
         g.close()
     RESULTS.setdefault("compare", []).extend(rows)
 
@@ -270,9 +295,9 @@ def tune() -> None:
     sys.path.insert(0, "scripts")
     import gpu_tune
 
-    best = {f"{bits}-bit {cls}": cfg for (bits, cls), cfg in gpu_tune.gemv().items()}
-    RESULTS["gemv_config"] = best
-    SUMMARY.append(f"GEMV configs chosen by the sweep: {best}")
+    best = {f"{bits}-bit {cls}": cfg for (bits, cls), cfg in gpu_tune.q8().items()}
+    RESULTS["q8_gemv_config"] = best
+    SUMMARY.append(f"int8 GEMV configs chosen by the sweep: {best}")
 
 
 def bytes_per_token(model) -> int:
@@ -367,13 +392,33 @@ def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0) -> f
     return n_decode / (time.perf_counter() - t0)
 
 
-VARIANTS = {"plain": False, "pdl": True}  # decode launch options compared in one process: PDL on?
+@section("decode speed against context depth (n_ctx 8192)")
+def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 1024, 4096)) -> None:
+    from quanta import gguf
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.models import load_model
+
+    for name, path in models:
+        g = gguf.open(path)
+        be = CUDABackend("cuda")
+        model = load_model(g, be, 8192)
+        cache = be.kv_cache(model.kv_shape())
+        rates = {d: decode_rate(be, model, cache, d, 128) for d in depths}
+        line = f"{name:22s} decode by depth: " + ", ".join(f"{d}: {r:.0f} ({100 * r / rates[depths[0]]:.0f}%)"
+                                                          for d, r in rates.items())
+        say("  ", line)
+        SUMMARY.append(line)
+        del model, cache, be
+        g.close()
+        torch.cuda.empty_cache()
 
 
-@section("decode launch variants (programmatic dependent launch), alternating in one process")
+VARIANTS = {"float GEMV": False, "int8 GEMV": True}  # decode variants compared in one process: int8 activations?
+
+
+@section("decode variants (float / int8-activation GEMV), alternating in one process")
 def variants_ab(models: list[tuple[str, Path]], reps: int = 2) -> None:
     from quanta import gguf
-    from quanta.backends.cuda import pdl
     from quanta.backends.cuda.backend import CUDABackend
     from quanta.models import load_model
 
@@ -386,10 +431,10 @@ def variants_ab(models: list[tuple[str, Path]], reps: int = 2) -> None:
         for _ in range(reps):
             for depth in (0, 1024):
                 for label, on in VARIANTS.items():
-                    pdl.enable(on)
+                    be.q8 = on
                     be._graphs.clear()
                     rates.setdefault((depth, label), []).append(decode_rate(be, model, cache, depth, 64))
-        pdl.enable(True)
+        be.q8 = True
         med = {k: float(np.median(v)) for k, v in rates.items()}
         line = f"{name:22s} decode " + ", ".join(f"{lab} {med[(0, lab)]:.0f}" for lab in VARIANTS) + \
             " | @1024 " + ", ".join(f"{med[(1024, lab)]:.0f}" for lab in VARIANTS)
@@ -505,7 +550,11 @@ def main() -> None:
     bw = bandwidth() or 4.3e12
     if "kernels" in only:
         kernel_checks((1,) if args.quick else (1, 3, 77))
-    if "pdlab" in only:  # programmatic dependent launch off / on, alternating in one process
+    if "depth" in only:
+        depth_sweep([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
+    if "tune" in only:  # the int8 GEMV's tiles (set in this process for what follows)
+        tune()
+    if "ab" in only:  # float / int8 GEMV, alternating in one process
         variants_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
         bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)
@@ -520,12 +569,10 @@ def main() -> None:
     if "bench" in only:
         for preset, ft in BENCH_PRESETS:
             bench_models.append((f"{preset} {ft}", synth(preset, ft)))
-    if "tune" in only:
-        tune()
     if "bench" in only:
         bench(bench_models, bw)
-    if "ttft" in only and bench_models:
-        first_token(bench_models[0][1])
+    if "ttft" in only:
+        first_token(bench_models[0][1] if bench_models else synth(*BENCH_PRESETS[0]))
     if "prefillprof" in only and bench_models:
         prefill_profile(bench_models[0][1])
     if "compare2" in only:  # gemma3 (head dim 256, window, soft-cap) at 270M

@@ -1,7 +1,7 @@
 """Compile the decode GEMV for sm_90 on a machine without a GPU and count what matters per weight: vector
 loads, barriers, and SASS instructions of the main loop (Triton's own ptxas/cuobjdump; no device time).
 
-Usage: PYTHONPATH=src python3 scripts/gpu_ptx.py [FORMAT BN BJ WARPS [masked]]   (FORMAT: Q4_K, Q6_K, Q4_0, Q8_0)
+Usage: PYTHONPATH=src python3 scripts/gpu_ptx.py [--q8] [FORMAT BN BJ WARPS [masked]]   (FORMAT: Q4_K, Q6_K, Q4_0, Q8_0)
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from quanta.backends.cuda import q8gemv as q8m
 from quanta.backends.cuda import qmatmul as qm
 
 FORMATS = {  # name: (BITS, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN)
@@ -24,20 +25,23 @@ FORMATS = {  # name: (BITS, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN)
 }
 
 
-def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, pdl: bool = True):
+def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, pdl: bool = True, q8: bool = False):
+    """The float GEMV, or (q8) the int8-activation GEMV of q8gemv.py, compiled for sm_90."""
     bits, g, sb, qoff, has_sc, has_min, has_mn = FORMATS[fmt]
-    fn = qm._gemv_kernel
-    sig = {"x_ptr": "*fp32", "q_ptr": "*i32", "d_ptr": "*fp16", "sc_ptr": "*i8", "dmin_ptr": "*fp16",
+    fn = q8m._gemv_q8_kernel if q8 else qm._gemv_kernel
+    x_args = {"xq_ptr": "*i32", "xd_ptr": "*fp32"} if q8 else {"x_ptr": "*fp32"}
+    sig = {**x_args, "q_ptr": "*i32", "d_ptr": "*fp16", "sc_ptr": "*i8", "dmin_ptr": "*fp16",
            "mn_ptr": "*u8", "res_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*fp32", "y1_ptr": "*fp32",
            "y2_ptr": "*fp32", "N": "i32", "N1": "i32", "N2": "i32", "K": "i32", "QW": "i32",
-           "stride_x": "i32", "stride_y": "i32"}
+           **({} if q8 else {"stride_x": "i32"}), "stride_y": "i32"}
     consts = dict(BITS=bits, G=g, SB=sb, QOFF=qoff, HAS_SC=has_sc, HAS_MIN=has_min, HAS_MN=has_mn, HAS_RES=False,
-                  HAS_BIAS=False, SPLIT=False, BN=bn, BJ=bj, MASKED=masked, PDL=pdl)
+                  HAS_BIAS=False, SPLIT=False, BN=bn, BJ=bj, MASKED=masked, **({"EMULATE": False} if q8 else {}),
+                  PDL=pdl)
     for k in consts:
         sig[k] = "constexpr"
     div = [["tt.divisibility", 16]]
-    attrs = {(fn.arg_names.index(a),): div for a in ("x_ptr", "q_ptr", "d_ptr", "sc_ptr", "dmin_ptr", "mn_ptr",
-                                                       "res_ptr", "y_ptr", "N", "K", "QW", "stride_x", "stride_y")}
+    attrs = {(fn.arg_names.index(a),): div for a in sig if a in fn.arg_names and sig[a] != "constexpr"
+             and a not in ("N1", "N2", "b_ptr", "y1_ptr", "y2_ptr")}
     src = ASTSource(fn, sig, consts, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
 
@@ -63,8 +67,8 @@ def loop_body(code: str) -> list[str]:
     return best
 
 
-def report(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, pdl: bool = True) -> None:
-    k = compile_gemv(fmt, bn, bj, warps, masked, pdl)
+def report(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, pdl: bool = True, q8: bool = False) -> None:
+    k = compile_gemv(fmt, bn, bj, warps, masked, pdl, q8)
     ptx, code = k.asm["ptx"], cuobjdump(k.asm["cubin"], "--dump-sass")
     res = re.search(r"REG:(\d+).*?STACK:(\d+)", cuobjdump(k.asm["cubin"], "--dump-resource-usage"))
     body = loop_body(code)
@@ -76,16 +80,17 @@ def report(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, pdl: bo
     # weights per thread and loop iteration: the [BN, BJ, 4] word tile over 32*warps threads
     weights = bn * bj * 4 * (32 // FORMATS[fmt][0]) / (32 * warps)
     top = ", ".join(f"{o}:{n}" for o, n in sorted(ops.items(), key=lambda kv: -kv[1])[:10])
-    print(f"{fmt} BN={bn} BJ={bj} W={warps} masked={masked} pdl={pdl}: "
+    print(f"{'q8 ' if q8 else ''}{fmt} BN={bn} BJ={bj} W={warps} masked={masked} pdl={pdl}: "
           f"regs {res.group(1)} stack {res.group(2)}, "
           f"ld.v4 {ptx.count('ld.global.v4')}, bar {ptx.count('bar.sync')}, loop {len(body)} SASS = "
           f"{len(body) / weights:.2f} per weight | {top}", flush=True)
 
 
 if __name__ == "__main__":
-    a = sys.argv[1:]
+    a = [v for v in sys.argv[1:] if v != "--q8"]
+    q8 = "--q8" in sys.argv
     if a:
-        report(a[0], int(a[1]), int(a[2]), int(a[3]), len(a) > 4)
+        report(a[0], int(a[1]), int(a[2]), int(a[3]), len(a) > 4, q8=q8)
     else:
         for fmt in FORMATS:
-            report(fmt, 2, 64, 2)
+            report(fmt, 2, 64, 2, q8=q8)

@@ -1,9 +1,11 @@
-"""Sweep the decode GEMV's tile configurations on the GPU (the prefill GEMM has its own sweep: gpu_gemm.py): each config's calls are captured back to back in a CUDA
-graph (host launch cost excluded) over rotating weight copies (HBM, not L2).
+"""Sweep the decode GEMVs' tile configurations on the GPU (the prefill GEMM has its own sweep: gpu_gemm.py): each
+config's calls are captured back to back in a CUDA graph (host launch cost excluded) over rotating weight copies
+(HBM, not L2).
 
 Prints, per (shape, format), the best configurations and their GB/s. Used to choose the
 defaults in quanta/backends/cuda/qmatmul.py; the results are recorded in docs/PERF.md, GPU journal.
-Usage: PYTHONPATH=src python3 scripts/gpu_tune.py [gemv]
+Usage: PYTHONPATH=src python3 scripts/gpu_tune.py [gemv] [q8]   (q8: the int8-activation GEMV of q8gemv.py,
+with the float GEMV's time at its chosen tile beside it)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 sys.path.insert(0, "scripts")
 from gpu_check import random_raw  # noqa: E402
 
-from quanta.backends.cuda import pdl, qmatmul as qm  # noqa: E402
+from quanta.backends.cuda import pdl, q8gemv as q8m, qmatmul as qm  # noqa: E402
 from quanta.backends.cuda.repack import repack  # noqa: E402
 
 
@@ -64,9 +66,18 @@ def graph_time(fn, ws, reps: int = 5) -> float:
     return float(np.median(times))
 
 
-def gemv() -> dict:
-    """Per (code width, class): the config with the least total graph time over that class's shapes.
-    Sets qmatmul.GEMV_CONFIG and returns the choices; prints each shape's best configs with their GB/s."""
+Q8_CONFIGS = {  # (BN, BJ, num_warps)
+    4: [(1, 64, 2), (2, 64, 2), (4, 64, 2), (4, 32, 1), (8, 32, 2), (4, 128, 4), (8, 64, 4), (16, 32, 4),
+        (16, 64, 4), (8, 128, 8)],
+    8: [(1, 64, 2), (2, 32, 1), (2, 64, 2), (2, 128, 4), (4, 128, 4), (4, 64, 2), (8, 64, 4), (8, 32, 2)],
+}
+
+
+def sweep(label: str, table: dict, configs: dict, int8: bool) -> dict:
+    """Per (code width, class): the config with the least total graph time over that class's shapes, for the
+    float GEMV (tiles in ``table`` = qmatmul.GEMV_CONFIG) or the int8 one (q8gemv.Q8_CONFIG; the float GEMV's time
+    at its current tile is printed beside it). Sets ``table`` and returns the choices; prints each shape's best
+    configs with their GB/s."""
     chosen = {}
     for (bits, cls), shapes in GEMV_SHAPES.items():
         totals: dict = {}
@@ -74,13 +85,15 @@ def gemv() -> dict:
             ws = weights(t, n, k, max(4, min(64, int(400e6 // (n * k)))))
             nbytes = ws[0].nbytes
             x = torch.randn(1, k, device="cuda")
+            xq = q8m.quantize(x) if int8 else None
             y = torch.empty(1, n, device="cuda")
+            base = f"float {graph_time(lambda w: qm.qmatmul(x, w, out=y), ws) * 1e6:.1f}us | " if int8 else ""
             res = []
-            for cfg in GEMV_CONFIGS[bits]:
+            for cfg in configs[bits]:
                 bn, bj, nw = cfg
-                qm.GEMV_CONFIG[(bits, cls)] = {"BN": bn, "BJ": bj, "num_warps": nw}
+                table[(bits, cls)] = {"BN": bn, "BJ": bj, "num_warps": nw}
                 try:
-                    s = graph_time(lambda w: qm.qmatmul(x, w, out=y), ws)
+                    s = graph_time(lambda w: qm.qmatmul(x, w, out=y, xq=xq), ws)
                 except Exception as e:  # a config the compiler rejects
                     print("  skip", cfg, repr(e)[:80])
                     continue
@@ -88,16 +101,25 @@ def gemv() -> dict:
                 totals[cfg] = totals.get(cfg, 0.0) + s
             res.sort()
             best = ", ".join(f"{c}: {nbytes / s / 1e9:.0f} GB/s {s * 1e6:.1f}us" for s, c in res[:3])
-            print(f"GEMV {t} n={n} k={k} ({nbytes / 1e6:.1f} MB): {best}", flush=True)
+            print(f"{label} {t} n={n} k={k} ({nbytes / 1e6:.1f} MB): {base}{best}", flush=True)
             del ws
         cfg, tot = min(totals.items(), key=lambda kv: kv[1])
-        print(f"GEMV {bits}-bit {cls}: best {cfg} ({tot * 1e6:.1f} us for {len(shapes)} shapes)", flush=True)
-        chosen[(bits, cls)] = {"BN": cfg[0], "BJ": cfg[1], "num_warps": cfg[2]}
-        qm.GEMV_CONFIG[(bits, cls)] = chosen[(bits, cls)]
+        print(f"{label} {bits}-bit {cls}: best {cfg} ({tot * 1e6:.1f} us for {len(shapes)} shapes)", flush=True)
+        chosen[(bits, cls)] = table[(bits, cls)] = {"BN": cfg[0], "BJ": cfg[1], "num_warps": cfg[2]}
     return chosen
+
+
+def gemv() -> dict:
+    """The float GEMV's tiles (qmatmul.GEMV_CONFIG)."""
+    return sweep("GEMV", qm.GEMV_CONFIG, GEMV_CONFIGS, int8=False)
+
+
+def q8() -> dict:
+    """The int8 GEMV's tiles (q8gemv.Q8_CONFIG)."""
+    return sweep("Q8 GEMV", q8m.Q8_CONFIG, Q8_CONFIGS, int8=True)
 
 
 if __name__ == "__main__":
     pdl.enable(True)
     for what in sys.argv[1:] or ["gemv"]:
-        {"gemv": gemv}[what]()
+        print({"gemv": gemv, "q8": q8}[what](), flush=True)
