@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, "scripts")
-from gpu_check import random_raw  # noqa: E402
+from gpu_common import random_raw  # noqa: E402
 
 from quanta.backends.cuda import pdl, q8gemv as q8m, qmatmul as qm  # noqa: E402
 from quanta.backends.cuda.repack import repack  # noqa: E402

@@ -1,0 +1,263 @@
+"""The speed sections of the GPU run (called by gpu_check.py): the int8 GEMV tile sweep, the batch-1 benchmarks
+(decode at depth 0 and 1024, prefill-512, a per-kernel profile), decode against depth, same-process decode A/B,
+time to first token in a fresh process and a prefill profile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpu_common import OUT, RESULTS, SUMMARY, WORK, cuda_time, say, section
+
+
+@section("GEMV tile sweep (sets the config the benchmarks use)")
+def tune() -> None:
+    sys.path.insert(0, "scripts")
+    import gpu_tune
+
+    best = {f"{bits}-bit {cls}": cfg for (bits, cls), cfg in gpu_tune.q8().items()}
+    RESULTS["q8_gemv_config"] = best
+    SUMMARY.append(f"int8 GEMV configs chosen by the sweep: {best}")
+
+
+def bytes_per_token(model) -> int:
+    total = 0
+    for layer in model.layers:  # q/k/v and gate/up are Projections: fused (one stacked matrix) or single
+        total += sum(p.weight.nbytes for p in layer.qkv + layer.gate_up)
+        total += layer.attn_output.nbytes + layer.ffn_down.nbytes
+    return total + model.output.nbytes
+
+
+def launches_per_layer(model) -> dict:
+    """How the layers' projections were fused: {"qkv": [names per matmul], "gate_up": [...]} of layer 0, and the
+    number of distinct groupings over all layers."""
+    shapes = {(tuple(p.names for p in L.qkv), tuple(p.names for p in L.gate_up)) for L in model.layers}
+    first = model.layers[0]
+    return dict(qkv=[list(p.names) for p in first.qkv], gate_up=[list(p.names) for p in first.gate_up],
+                groupings=len(shapes), qkv_matmuls_total=sum(len(L.qkv) for L in model.layers))
+
+
+@section("benchmarks")
+def bench(models: list[tuple[str, Path]], bw: float, n_decode: int = 128) -> None:
+    from quanta import gguf
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.models import load_model
+
+    for name, path in models:
+        g = gguf.open(path)
+        be = CUDABackend("cuda")
+        t = time.perf_counter()
+        model = load_model(g, be, 2048)
+        torch.cuda.synchronize()
+        load_s = time.perf_counter() - t
+        cache = be.kv_cache(model.kv_shape())
+        nbytes = bytes_per_token(model)
+        rng = np.random.default_rng(0)
+        vocab = model.n_vocab
+
+        d0 = decode_rate(be, model, cache, 0, n_decode)
+        d1k = decode_rate(be, model, cache, 1024, n_decode)
+        prompt512 = rng.integers(5, min(vocab, 30000), size=512).astype(np.int32)
+        pf = cuda_time(lambda: be.forward(model, prompt512, 0, cache, all_logits=False), reps=5, warmup=2)
+        roof = bw / nbytes
+        row = dict(model=name, bytes_per_token=nbytes, decode_tok_s=d0, decode_pct_roofline=100 * d0 / roof,
+                   decode_depth1024_tok_s=d1k, depth_ratio=d1k / d0, prefill512_tok_s=512 / pf, load_s=load_s,
+                   fusion=launches_per_layer(model))
+        # per-kernel breakdown of one eager decode step, near the benchmark's depth and after 1,100 tokens
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            be.graphs = False
+            for pos in (100, 1100):
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        be.forward(model, np.asarray([7], np.int32), pos, cache, all_logits=False)
+                    torch.cuda.synchronize()
+                agg: dict[str, float] = {}
+                launches = 0
+                for ev in prof.key_averages():
+                    if ev.device_time_total > 0:
+                        agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total / 5
+                        launches += ev.count
+                row[f"launches_per_token@{pos}"] = launches / 5
+                row[f"kernel_us_per_token@{pos}"] = {k: round(v, 1) for k, v in
+                                                     sorted(agg.items(), key=lambda kv: -kv[1])[:12]}
+                row[f"kernel_total_us@{pos}"] = sum(agg.values())
+            be.graphs = True
+        except Exception as e:  # the profiler is a nice-to-have
+            row["kernel_breakdown_error"] = repr(e)
+        say("  ", json.dumps(row))
+        RESULTS.setdefault("bench", []).append(row)
+        SUMMARY.append(f"{name:26s} decode {d0:7.0f} tok/s ({row['decode_pct_roofline']:.1f}% of roofline, "
+                       f"{nbytes / 1e6:.0f} MB/token), @1024 {d1k:7.0f} ({100 * d1k / d0:.0f}%), "
+                       f"prefill-512 {512 / pf:8.0f} tok/s, load {load_s:.1f}s, "
+                       f"launches/token {row.get('launches_per_token@100', '?')}, qkv {row['fusion']['qkv']}")
+        del model, cache, be
+        g.close()
+        torch.cuda.empty_cache()
+
+
+def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0) -> float:
+    """Greedy decode tok/s of the real loop (graph replay, device argmax, one host read per token) after a
+    ``depth``-token prompt."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(5, min(model.n_vocab, 30000), size=max(depth, 8)).astype(np.int32)
+    tok, pos = be.argmax(be.forward(model, prompt, 0, cache, all_logits=False)[0]), len(prompt)
+    for i in range(8 + n_decode):
+        if i == 8:  # after warm-up (graph capture at the first decode)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        tok = be.argmax(be.forward(model, np.asarray([tok], np.int32), pos, cache, all_logits=False)[0])
+        pos += 1
+    return n_decode / (time.perf_counter() - t0)
+
+
+@section("decode speed against context depth (n_ctx 8192)")
+def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 1024, 4096)) -> None:
+    from quanta import gguf
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.models import load_model
+
+    for name, path in models:
+        g = gguf.open(path)
+        be = CUDABackend("cuda")
+        model = load_model(g, be, 8192)
+        cache = be.kv_cache(model.kv_shape())
+        rates = {d: decode_rate(be, model, cache, d, 128) for d in depths}
+        line = f"{name:22s} decode by depth: " + ", ".join(f"{d}: {r:.0f} ({100 * r / rates[depths[0]]:.0f}%)"
+                                                          for d, r in rates.items())
+        say("  ", line)
+        SUMMARY.append(line)
+        del model, cache, be
+        g.close()
+        torch.cuda.empty_cache()
+
+
+VARIANTS = {"float GEMV": False, "int8 GEMV": True}  # decode variants compared in one process: int8 activations?
+
+
+@section("decode variants (float / int8-activation GEMV), alternating in one process")
+def variants_ab(models: list[tuple[str, Path]], reps: int = 2) -> None:
+    from quanta import gguf
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.models import load_model
+
+    for name, path in models:
+        g = gguf.open(path)
+        be = CUDABackend("cuda")
+        model = load_model(g, be, 2048)
+        cache = be.kv_cache(model.kv_shape())
+        rates: dict = {}
+        for _ in range(reps):
+            for depth in (0, 1024):
+                for label, on in VARIANTS.items():
+                    be.q8 = on
+                    be._graphs.clear()
+                    rates.setdefault((depth, label), []).append(decode_rate(be, model, cache, depth, 64))
+        be.q8 = True
+        med = {k: float(np.median(v)) for k, v in rates.items()}
+        line = f"{name:22s} decode " + ", ".join(f"{lab} {med[(0, lab)]:.0f}" for lab in VARIANTS) + \
+            " | @1024 " + ", ".join(f"{med[(1024, lab)]:.0f}" for lab in VARIANTS)
+        say("  ", line, json.dumps({f"{d} {lab}": [round(x) for x in v] for (d, lab), v in rates.items()}))
+        SUMMARY.append(line)
+        del model, cache, be
+        g.close()
+        torch.cuda.empty_cache()
+
+
+TTFT_CODE = """
+import cProfile, pstats, sys, time
+t0 = time.perf_counter()
+prof = cProfile.Profile()
+prof.enable()
+import torch
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+t1 = time.perf_counter()
+from quanta import LLM
+llm = LLM(sys.argv[1], device="cuda", n_ctx=2048)
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+llm.generate([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=1, temperature=0.0, ignore_eos=True)
+t3 = time.perf_counter()
+prof.disable()
+llm.generate([1, 2, 3, 4, 5, 6, 7, 9], max_tokens=1, temperature=0.0, ignore_eos=True)
+t4 = time.perf_counter()
+print(f"TTFT {t3 - t0:.3f} torch+cuda_init {t1 - t0:.3f} LLM() {t2 - t1:.3f} first_generate {t3 - t2:.3f} "
+      f"second_generate {t4 - t3:.3f}")
+pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(45)
+"""
+
+
+@section("time to first token (fresh process, LLM API)")
+def first_token(path: Path) -> None:
+    labels = ["cold (fresh triton cache)", "warm (triton cache)"]
+    if os.environ.get("TTFT_PYCACHE"):  # the image's torch ships no .pyc: cache them as an installed torch would
+        labels = ["warm (triton cache, pycache being filled)", "warm (triton cache + pycache)"]
+    for label in labels:
+        env = {**os.environ, "PYTHONPATH": "src"}
+        if os.environ.get("TTFT_PYCACHE"):
+            env["PYTHONPYCACHEPREFIX"] = str(WORK / "pycache")
+            env.pop("PYTHONDONTWRITEBYTECODE", None)  # set on that image: an installed torch has its .pyc
+        if label.startswith("cold"):
+            env["TRITON_CACHE_DIR"] = str(WORK / "triton_cold_cache")
+            subprocess.run(["rm", "-rf", env["TRITON_CACHE_DIR"]])
+        p = subprocess.run([sys.executable, "-c", TTFT_CODE, str(path)], capture_output=True, text=True, env=env,
+                           timeout=300)
+        line = [x for x in p.stdout.splitlines() if x.startswith("TTFT")]
+        val = float(line[0].split()[1]) if line else float("nan")
+        (OUT / f"ttft_{labels.index(label)}.txt").write_text(p.stdout + "\n" + p.stderr[-20000:])
+        say("  ", line[0] if line else p.stderr[-3000:])
+        RESULTS[f"ttft {label}"] = line[0] if line else None
+        SUMMARY.append(f"LLM(...) to first token, {path.stem}, {label}: {val:.2f}s ({line[0] if line else '?'})")
+
+
+@section("prefill-512 per-kernel profile (TinyLlama)")
+def prefill_profile(path: Path) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from quanta import gguf
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.models import load_model
+
+    g = gguf.open(path)
+    be = CUDABackend("cuda")
+    model = load_model(g, be, 2048)
+    cache = be.kv_cache(model.kv_shape())
+    prompt = np.random.default_rng(0).integers(5, 30000, size=512).astype(np.int32)
+    be.forward(model, prompt, 0, cache, all_logits=False)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        be.forward(model, prompt, 0, cache, all_logits=False)
+        torch.cuda.synchronize()
+    agg: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.device_time_total > 0:
+            agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total
+    top = sorted(agg.items(), key=lambda kv: -kv[1])[:10]
+    say("   prefill-512 kernel us: " + json.dumps({k[:40]: round(v) for k, v in top}))
+    import cProfile
+    import io
+    import pstats
+
+    prof_host = cProfile.Profile()  # where the host time of a prefill goes (is it launch-bound?)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    prof_host.enable()
+    for _ in range(3):
+        be.forward(model, prompt, 0, cache, all_logits=False)
+    prof_host.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof_host, stream=buf).sort_stats("tottime").print_stats(25)
+    say(f"   prefill-512 wall {(time.perf_counter() - t0) / 3 * 1e3:.1f} ms (profiled); host profile:\n" +
+        buf.getvalue()[:6000])
+    RESULTS["prefill_kernel_us"] = {k: round(v, 1) for k, v in top}
+    SUMMARY.append("prefill-512 kernels (us): " + ", ".join(f"{k[:24]} {v:.0f}" for k, v in top[:6]))
+    g.close()
