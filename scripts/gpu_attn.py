@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from gpu_timing import graph_seconds
+
 from quanta.backends.cuda import attention as A
 
 N_CTX = 8192
@@ -43,27 +45,6 @@ def reference(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: int, sca
     return torch.einsum("hp,hpd->hd", torch.softmax(s, -1), v).reshape(1, -1)
 
 
-def graph_us(calls, reps: int = 5) -> float:
-    """Median µs per call of the ``calls`` (thunks) captured back to back in one CUDA graph."""
-    for c in calls[:1]:
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(calls))
-    return sorted(times)[len(times) // 2]
-
-
 class Case:
     """LAYERS random caches of one shape, a query, a device position, and a scratch per kernel config."""
 
@@ -86,7 +67,7 @@ class Case:
                            scratch=self.scratches[cfg])
 
     def time_us(self, cfg: tuple = ()) -> float:
-        return graph_us([lambda i=i: self.run(i, cfg) for i in range(LAYERS)])
+        return 1e6 * graph_seconds([lambda i=i: self.run(i, cfg) for i in range(LAYERS)])
 
     def error(self, depth: int, cfg: tuple = ()) -> float:
         got = self.run(0, cfg).double()

@@ -18,6 +18,7 @@ import torch
 import triton
 
 sys.path.insert(0, "tests/backends/cuda")
+from gpu_timing import graph_seconds  # noqa: E402
 from random_blocks import random_raw  # noqa: E402
 
 from quanta.backends.cuda import gemm as G  # noqa: E402
@@ -44,27 +45,7 @@ def say(msg: str = "", table: bool = False) -> None:
 
 def graph_time(fn, reps: int = 5, calls: int = 10) -> float:
     """Median seconds per call of ``fn()``, ``calls`` calls captured back to back in a CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3 / calls)
-    return float(np.median(times))
+    return graph_seconds([fn] * calls, reps)
 
 
 def new_gemm(x: torch.Tensor, w, out: torch.Tensor, exact: bool = False, tiles: dict | None = None) -> None:

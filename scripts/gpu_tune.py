@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, "scripts")
 from gpu_common import random_raw  # noqa: E402
+from gpu_timing import graph_seconds  # noqa: E402
 
 from quanta.backends.cuda import pdl, q8gemv as q8m, qmatmul as qm  # noqa: E402
 from quanta.backends.cuda.repack import repack  # noqa: E402
@@ -45,25 +46,8 @@ GEMV_CONFIGS = {  # (BN, BJ, num_warps)
 
 
 def graph_time(fn, ws, reps: int = 5) -> float:
-    """Seconds per call of ``fn(w)``, launched back to back from a CUDA graph over the rotating weights ``ws``
-    (so host launch costs are not measured and HBM, not L2, serves the weights)."""
-    for w in ws[:2]:
-        fn(w)  # compile
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for w in ws:
-            fn(w)
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3 / len(ws))
-    return float(np.median(times))
+    """Seconds per call of ``fn(w)`` over the rotating weights ``ws`` (HBM, not L2, serves them), from one graph."""
+    return graph_seconds([lambda w=w: fn(w) for w in ws], reps)
 
 
 Q8_CONFIGS = {  # (BN, BJ, num_warps)
