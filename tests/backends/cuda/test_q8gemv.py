@@ -135,13 +135,14 @@ def test_backend_int8_copies_follow_the_float_values(device: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,types", [("llama", {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K",
-                                                   "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "Q6_K"}),
-                                        ("gemma3", {"token_embd": "F16"})])
-def test_default_mode_decode_close_to_cpu_exact(arch: str, types: dict, tmp_path, device: str,
+@pytest.mark.parametrize("arch,types,head_dim", [("llama", {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K",
+                                                            "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "Q6_K"},
+                                                  32), ("gemma3", {"token_embd": "F16"}, 16)])
+def test_default_mode_decode_close_to_cpu_exact(arch: str, types: dict, head_dim: int, tmp_path, device: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Decode in the default mode runs the int8 GEMV and stays within int8-activation error of the CPU's exact
-    logits."""
+    logits: with the attention writing the o-projection's int8 input (head dim 32) and without (16: the matmul
+    quantizes it)."""
     from tiny_models import write_tiny_model
 
     from quanta import gguf as qgguf
@@ -154,15 +155,21 @@ def test_default_mode_decode_close_to_cpu_exact(arch: str, types: dict, tmp_path
     for key in list(q8.Q8_CONFIG):  # few programs: the interpreter runs them one by one
         monkeypatch.setitem(q8.Q8_CONFIG, key, {"BN": 32, "BJ": 8, "num_warps": 1})
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, types=types, d_model=256, d_ff=256, n_layers=1,
-                            vocab=64)
+                            vocab=64, head_dim=head_dim)
+    import quanta.backends.cuda.backend as backend_module
+
+    fallbacks = []  # matmul inputs no producer wrote as int8
+    monkeypatch.setattr(backend_module, "quantize", lambda *a, _f=q8.quantize: fallbacks.append(1) or _f(*a))
     logits = []
     for be in (CPUBackend(exact=True), CUDABackend(device)):
         model = load_model(qgguf.open(path), be, 32)
         cache = be.kv_cache(model.kv_shape())
         be.forward(model, np.asarray([1, 5, 7], np.int32), 0, cache, all_logits=False)
+        fallbacks.clear()
         steps = [be.to_host(be.forward(model, np.asarray([t], np.int32), 3 + i, cache, all_logits=False)).copy()
                  for i, t in enumerate([9, 11])]
         logits.append(np.concatenate(steps))
     want, got = logits
     assert calls, "the int8 GEMV did not run"
+    assert (len(fallbacks) == 0) == (head_dim == 32)  # head dim 16: the o-projection quantizes its input
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.03
