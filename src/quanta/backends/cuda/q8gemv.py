@@ -22,13 +22,14 @@ dequantization and a numpy quantization of x (tests/backends/cuda/test_q8gemv.py
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
-from quanta.backends.cuda.qmatmul import _epilogue, _gemv_tile, gemv_class
+from quanta.backends.cuda.qmatmul import _epilogue, _gemv_tile, gemv_launch
 from quanta.backends.cuda.repack import PackedWeight
 
 # tiles per (code width, class) as in qmatmul.GEMV_CONFIG, chosen on the H200 by scripts/gpu_tune.py q8 (GPU journal,
@@ -216,16 +217,12 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_
     _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
 
 
-def gemv_q8(xq: Q8Activation, w: PackedWeight, planes: tuple[torch.Tensor, ...], ep_args: tuple, bounds: tuple,
-            stride_y: int, flags: dict, meta: dict) -> None:
-    """Launch the int8 GEMV of (m, k) activations ``xq`` against a quantized (4- or 8-bit) ``w``."""
+def gemv_q8(xq: Q8Activation, w: PackedWeight, planes: tuple[torch.Tensor, ...], ep: Any) -> None:
+    """Launch the int8 GEMV of (m, k) activations ``xq`` against a quantized (4- or 8-bit) ``w`` with the
+    scale planes ``planes`` and the output side ``ep`` (qmatmul's epilogue)."""
     m, k = xq.q.shape
-    bits = 4 if w.kind == "q4" else 8
-    cfg = Q8_CONFIG[(bits, gemv_class(w.n, k))]
-    units = k // 32 * (bits // 4)
-    bn, bj = cfg["BN"], min(cfg["BJ"], triton.next_power_of_2(units))
+    bn, kw = gemv_launch(Q8_CONFIG, w)
     words = w.q.view(torch.int32)
     _gemv_q8_kernel[(triton.cdiv(w.n, bn), m)](
-        xq.q.view(torch.int32), xq.d, words, *planes, *ep_args, w.n, *bounds, k, words.stride(0), stride_y,
-        BITS=bits, BN=bn, BJ=bj, MASKED=bool(units % bj or w.n % bn), EMULATE=xq.q.device.type != "cuda",
-        num_warps=cfg["num_warps"], **flags, **meta, **pdl.launch())
+        xq.q.view(torch.int32), xq.d, words, *planes, *ep.args(), w.n, *ep.bounds, k, words.stride(0),
+        ep.out.stride(0), EMULATE=xq.q.device.type != "cuda", **ep.flags(), **kw)

@@ -266,17 +266,23 @@ def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue) -> None:
                                                       x.stride(0), stride_y, BN=bn, BK=256, num_warps=4,
                                                       **ep.flags(), **pdl.launch())
         return
-    bits = 4 if w.kind == "q4" else 8
-    cfg = GEMV_CONFIG[(bits, gemv_class(w.n, k))]
-    units = k // 32 * (bits // 4)
-    bn, bj = cfg["BN"], min(cfg["BJ"], triton.next_power_of_2(units))
+    bn, kw = gemv_launch(GEMV_CONFIG, w)
     words = w.q.view(torch.int32)
+    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), w.n, *ep.bounds, k,
+                                            words.stride(0), x.stride(0), stride_y, **ep.flags(), **kw)
+
+
+def gemv_launch(table: dict, w: PackedWeight) -> tuple[int, dict]:
+    """The row tile (BN) and the kernel keywords of a quantized weight's GEMV, from the tile ``table``
+    (GEMV_CONFIG, or q8gemv.Q8_CONFIG for the int8 GEMV): format constants, tile, masking, warps, PDL."""
+    bits = 4 if w.kind == "q4" else 8
+    cfg = table[(bits, gemv_class(w.n, w.k))]
+    units = w.k // 32 * (bits // 4)
+    bn, bj = cfg["BN"], min(cfg["BJ"], triton.next_power_of_2(units))
     meta = _meta(w)
     del meta["KIND"]
-    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), w.n, *ep.bounds, k,
-                                            words.stride(0), x.stride(0), stride_y, BITS=bits, BN=bn, BJ=bj,
-                                            MASKED=bool(units % bj or w.n % bn),
-                                            num_warps=cfg["num_warps"], **ep.flags(), **meta, **pdl.launch())
+    return bn, dict(BITS=bits, BN=bn, BJ=bj, MASKED=bool(units % bj or w.n % bn), num_warps=cfg["num_warps"],
+                    **meta, **pdl.launch())
 
 
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
@@ -299,9 +305,7 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
     if m <= GEMV_MAX_ROWS and xq is not None and w.kind != "dense":
         from quanta.backends.cuda.q8gemv import gemv_q8  # q8gemv.py imports this module's tiles
 
-        meta = _meta(w)
-        del meta["KIND"]
-        gemv_q8(xq, w, _planes(w)[1:], ep.args(), ep.bounds, ep.out.stride(0), ep.flags(), meta)
+        gemv_q8(xq, w, _planes(w)[1:], ep)
     elif m <= GEMV_MAX_ROWS:
         _gemv(x, w, ep)
     else:
