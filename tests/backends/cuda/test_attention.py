@@ -111,6 +111,30 @@ def test_decode_on_model_shapes(heads: int, kv_heads: int, hd: int, device: str)
             assert not scratch.count.cpu().numpy().any()
 
 
+@pytest.mark.parametrize("heads, kv_heads, hd", MODEL_SHAPES[1:5])
+@pytest.mark.parametrize("cache_dtype, dot", [(torch.float16, "fp16"), (torch.float16, "ieee"),
+                                              (torch.float32, "tf32")])
+def test_decode_on_tensor_cores_and_fp16_cache(heads: int, kv_heads: int, hd: int, cache_dtype: torch.dtype, dot: str,
+                                               device: str) -> None:
+    """The default mode's decode: K/V stored as fp16 and/or scores and p·V on tensor cores (operands rounded to
+    10-bit mantissas, group padded to 16 rows), against the float64 reference on the cache as stored."""
+    n_ctx = 700
+    rng = np.random.default_rng(heads + hd)
+    k_cache, v_cache = (torch.from_numpy(rng.standard_normal((kv_heads, n_ctx, hd)).astype(np.float32))
+                        .to(device=device, dtype=cache_dtype) for _ in range(2))
+    q = torch.from_numpy(rng.standard_normal((1, heads, hd)).astype(np.float32)).to(device)
+    kc, vc = k_cache.float().cpu().numpy(), v_cache.float().cpu().numpy()
+    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device), dot=dot)
+    for pos, window, softcap in [(0, 0, 0.0), (40, 0, 0.0), (100, 0, 0.0), (127, 0, 0.0), (128, 0, 0.0), (699, 0, 0.0),
+                                 (650, 300, 30.0)]:  # up to 128 keys: one program at head dim 128 ("solo")
+        p = torch.tensor([pos], dtype=torch.int32, device=device)
+        out = torch.full((1, heads * hd), float("nan"), device=device)
+        attention(q, k_cache, v_cache, p, scale=hd ** -0.5, window=window, softcap=softcap, out=out, scratch=scratch)
+        want = reference(q.cpu().numpy(), kc, vc, np.array([pos]), hd ** -0.5, window, softcap)
+        tol = 1e-5 if dot == "ieee" else 2e-3  # 10-bit mantissas: ~1e-3 of a score
+        np.testing.assert_allclose(out.cpu().numpy(), want, rtol=0, atol=tol, err_msg=f"pos {pos}")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and concurrent programs need the GPU")
 def test_one_launch_decode_in_a_cuda_graph(device: str) -> None:
     """On the GPU the split programs run concurrently and in any order: the ticket must still elect exactly one

@@ -1,6 +1,7 @@
 """Causal attention over the KV cache: flash attention for prefill, split-KV flash-decoding for one token.
 
-Cache layout: per layer, K and V of ``(n_kv_heads, n_ctx, head_dim)`` float32 (exact against the CPU backend).
+Cache layout: per layer, K and V of ``(n_kv_heads, n_ctx, head_dim)``, float32 (exact against the CPU backend) or
+float16 (the default mode: half the bytes per key, read by fp16 tensor-core dots in decode).
 Positions are read from device memory, so a captured decode step replays at any position. Query i sees cached
 positions p with ``p <= pos_i`` and, with a sliding window w > 0, ``p > pos_i - w``. GQA: query head h reads KV
 head ``h // (H / HKV)``; the decode kernel processes all query heads of one KV head together so each K/V tile is
@@ -75,7 +76,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, N, H, HKV, HD, NCTX, 
         p = start + tl.arange(0, BN)
         pmask = p < hi
         kvmask = pmask[:, None] & dmask[None, :]
-        k = tl.load(kbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
+        k = tl.load(kbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)
         s = _scores(q, k, scale, softcap, SOFTCAP, PRECISION)
         valid = (p[None, :] <= pos[:, None]) & pmask[None, :]
         if WINDOW:
@@ -85,7 +86,7 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, N, H, HKV, HD, NCTX, 
         alpha = tl.exp(m_i - m_new)
         pexp = tl.where(valid, tl.exp(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(pexp, axis=1)
-        v = tl.load(vbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
+        v = tl.load(vbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(pexp, v, input_precision=PRECISION)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -93,17 +94,29 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, N, H, HKV, HD, NCTX, 
 
 
 @triton.jit
-def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV, HD, NCTX, NSPLIT,
-                   NPROG, scale, softcap, window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, G: tl.constexpr,
-                   MINB: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
-    """Program (hk, c): the G query heads of KV head ``hk`` (no padding: fp32 ``tl.dot`` takes M = 1..8) against
-    chunk c of the visible keys, in BN-key tiles.
+def _dot(a, b, DOT: tl.constexpr):
+    """a @ b accumulated in fp32: "ieee" on the FMA units (exact fp32), "tf32" or "fp16" on the tensor cores (both
+    round the operands to 10-bit mantissas; "fp16" reads an fp16 cache without a conversion)."""
+    if DOT == "fp16":
+        return tl.dot(a.to(tl.float16), b.to(tl.float16))
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT)
+
+
+@triton.jit
+def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV,
+                   HD, NCTX, NSPLIT, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
+                   G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr, SOLO: tl.constexpr, BN: tl.constexpr,
+                   NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr, DOT: tl.constexpr):
+    """Program (hk, c): the G query heads of KV head ``hk`` (G = the group rounded up to a power of two, and to 16
+    for tensor-core dots) against chunk c of the visible keys, in BN-key tiles.
 
     The visible keys [lo, pos] (lo > 0 only with a window) are cut into ``nlive`` chunks of ``per`` tiles, per =
-    max(MINB, ceil(tiles / NPROG)): shallow positions get one chunk per KV head, which writes the output directly
-    (no partials, no ticket); deeper ones spread over up to NPROG programs, whose partials the last to draw a
-    ticket combines. Scores are kept in log2 units (scale * log2(e) folded into q) so the softmax uses exp2; the
-    partial maxima are stored in natural units for ``_combine_splits``. Programs past ``nlive`` exit at once."""
+    max(MINB, ceil(tiles / NPROG)), or all of them up to SOLO tiles: shallow positions get one chunk per KV head,
+    which writes the output directly (no partials, no ticket); deeper ones spread over up to NPROG programs, whose
+    partials the last to draw a ticket combines (GC: the group rounded up to a power of two). Scores are kept in
+    log2 units (scale * log2(e) folded into q) so the softmax uses exp2; the partial maxima are stored in natural
+    units for ``_combine_splits``. Programs past ``nlive`` exit at once."""
     hk = tl.program_id(0)
     c = tl.program_id(1)
     group = H // HKV
@@ -120,6 +133,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr
         lo = tl.maximum(pos - window + 1, 0)
     tiles = pos // BN + 1 - lo // BN
     per = tl.maximum(MINB, tl.cdiv(tiles, NPROG))
+    if tiles <= SOLO:
+        per = tiles
     nlive = tl.cdiv(tiles, per)
     if c < nlive:
         if SOFTCAP:
@@ -139,7 +154,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr
             kvmask = valid[:, None] & dmask[None, :]
             k = tl.load(kbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
             v = tl.load(vbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            s = _dot(q, tl.trans(k), DOT)
             if SOFTCAP:
                 s = (softcap * _LOG2E) * _tanh(s / softcap)
             s = tl.where(valid[None, :], s, _NEG)
@@ -147,7 +162,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr
             alpha = tl.exp2(m_i - m_new)
             pexp = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(pexp, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(pexp, v, input_precision="ieee")
+            acc = acc * alpha[:, None] + _dot(pexp, v, DOT)
             m_i = m_new
         if nlive == 1:
             _store_out(acc / l_i[:, None], o_ptr, oq_ptr, od_ptr, hk * group, group, HD, G, BD, Q8)
@@ -161,39 +176,41 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr
             ticket = tl.atomic_add(cnt_ptr + hk, 1, sem="acq_rel", scope="gpu")
             if ticket == nlive - 1:
                 tl.store(cnt_ptr + hk, 0)
-                _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, hk * group, group, 0, nlive - 1, HD,
-                                NSPLIT, G, BS, BD, Q8)
+                _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, hk * group, group, nlive - 1, HD,
+                                NSPLIT, GC, NS, BS, BD, Q8)
 
 
 @triton.jit
-def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, first, last, HD, NSPLIT,
-                    GG: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
-    """Heads [h0, h0 + group): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over splits [first, last].
+def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, last, HD, NSPLIT,
+                    GG: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
+    """Heads [h0, h0 + group): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over splits [0, last].
 
-    The partials come from other programs of this launch: loads bypass L1 (``.cg``), which is not coherent."""
+    M (the maximum of the partial maxima) comes first, so the NS / BS steps of the sum are independent: unrolled,
+    their loads are all in flight together instead of one round trip per step. The partials come from other
+    programs of this launch: loads bypass L1 (``.cg``), which is not coherent."""
     g = tl.arange(0, GG)
     h = h0 + g
     hmask = g < group
     d = tl.arange(0, BD)
     dmask = d < HD
-    m_run = tl.full([GG], _NEG, dtype=tl.float32)
-    l_run = tl.zeros([GG], dtype=tl.float32)
+    s = tl.arange(0, NS)
+    mask = hmask[:, None] & (s <= last)[None, :]
+    m_max = tl.max(tl.load(pm_ptr + h[:, None] * NSPLIT + s[None, :], mask=mask, other=_NEG, cache_modifier=".cg"),
+                   axis=1)
+    l_sum = tl.zeros([GG], dtype=tl.float32)
     acc = tl.zeros([GG, BD], dtype=tl.float32)
-    for s0 in range(first, last + 1, BS):
-        s = s0 + tl.arange(0, BS)
-        mask = hmask[:, None] & (s <= last)[None, :]
-        idx = h[:, None] * NSPLIT + s[None, :]
+    for s0 in tl.static_range(0, NS, BS):
+        sb = s0 + tl.arange(0, BS)
+        mask = hmask[:, None] & (sb <= last)[None, :]
+        idx = h[:, None] * NSPLIT + sb[None, :]
         m = tl.load(pm_ptr + idx, mask=mask, other=_NEG, cache_modifier=".cg")
         l = tl.load(pl_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
         o = tl.load(po_ptr + idx[:, :, None] * BD + d[None, None, :], mask=mask[:, :, None] & dmask[None, None, :],
                     other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_run, tl.max(m, axis=1))
-        alpha = tl.exp(m_run - m_new)
-        w = tl.where(mask, tl.exp(m - m_new[:, None]), 0.0)
-        l_run = l_run * alpha + tl.sum(w * l, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, axis=1)
-        m_run = m_new
-    _store_out(acc / tl.where(l_run > 0, l_run, 1.0)[:, None], o_ptr, oq_ptr, od_ptr, h0, group, HD, GG, BD, Q8)
+        w = tl.where(mask, tl.exp(m - m_max[:, None]), 0.0)
+        l_sum += tl.sum(w * l, axis=1)
+        acc += tl.sum(w[:, :, None] * o, axis=1)
+    _store_out(acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None], o_ptr, oq_ptr, od_ptr, h0, group, HD, GG, BD, Q8)
 
 
 @triton.jit
@@ -214,16 +231,22 @@ def writes_q8(head_dim: int) -> bool:
 
 class DecodeScratch:
     """Partial results of the decode kernel for one (heads, n_ctx, head_dim), allocated once, and one ticket counter
-    per KV head (zero between calls: the kernel's last program of each KV head resets its own).
+    per KV head (zero between calls: the kernel's last program of each KV head resets its own); with the kernel's
+    configuration.
 
-    At least ``chunk`` keys per program (default: 64 at head dim 64, 32 above; the H200 sweep of
-    scripts/gpu_attn.py), at most ``max_programs`` programs per KV head (deeper positions get longer chunks, so the
-    serial combine stays short), ``warps`` warps each."""
+    At least ``chunk`` keys per program, and positions up to ``solo`` keys deep in one program (no combine); at
+    most ``max_programs`` programs per KV head (deeper positions get longer chunks, so the combine stays short);
+    ``warps`` warps each; ``dot``: how scores and p·V are multiplied (``_dot``). Defaults from the H200 sweeps of
+    scripts/gpu_attn.py: chunk 64 keys at head dim 64, 32 above; on tensor cores, 8 warps and solo 128 at head dim
+    128, 8 warps at 256."""
 
     def __init__(self, n_heads: int, n_ctx: int, head_dim: int, device: torch.device, *, chunk: int | None = None,
-                 max_programs: int = 32, warps: int = 4):
+                 max_programs: int = 32, warps: int | None = None, solo: int | None = None, dot: str = "ieee"):
+        tensor_cores = dot != "ieee"
         self.chunk = chunk or (64 if head_dim <= 64 else 32)
-        self.warps = warps
+        self.solo = (128 if tensor_cores and head_dim == 128 else 0) if solo is None else solo
+        self.warps = warps or (8 if tensor_cores and head_dim > 64 else 4)
+        self.dot = dot
         self.nprog = min(triton.cdiv(n_ctx, self.chunk), max_programs)
         bd = max(16, triton.next_power_of_2(head_dim))
         self.o = torch.empty((n_heads, self.nprog, bd), dtype=torch.float32, device=device)
@@ -255,15 +278,19 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     if n == 1 and scratch is not None:
         group = triton.next_power_of_2(h // hkv)
         bd = max(16, bd)
-        bn = 64 if bd <= 64 else 32 if bd <= 128 else 16  # a K and a V tile of 16 KB each
-        bs = max(1, min(16, 4096 // (group * bd)))  # splits per combine step: a [group, bs, bd] tile
+        bn = max(16, 16384 // (bd * k_cache.element_size()))  # K and V tiles of 16 KB each
         assert q8 is None or writes_q8(hd)
         qargs = (q8.q, q8.d) if q8 is not None else (out, out)
+        nsplit = scratch.m.shape[1]
+        ns = triton.next_power_of_2(nsplit)
+        # splits per combine step (unrolled): 2 steps, or more where a step would hold > 64 values per thread
+        bs = min(ns, max(4096 // (group * bd), ns // 2), 2048 * scratch.warps // (group * bd))
         _decode_kernel[(hkv, scratch.nprog)](
-            q, k_cache, v_cache, positions, out, *qargs, scratch.o, scratch.m, scratch.l, scratch.count, h, hkv, hd, n_ctx,
-            scratch.m.shape[1], scratch.nprog, scale, softcap or 1.0, window, G=group,
-            MINB=max(1, scratch.chunk // bn), BN=bn, BS=bs, BD=bd, num_warps=scratch.warps, num_stages=2,
-            Q8=q8 is not None, **flags)
+            q, k_cache, v_cache, positions, out, *qargs, scratch.o, scratch.m, scratch.l, scratch.count, h, hkv, hd,
+            n_ctx, nsplit, scratch.nprog, scale, softcap or 1.0, window,
+            G=group if scratch.dot == "ieee" else max(16, group), GC=group, MINB=max(1, scratch.chunk // bn),
+            SOLO=scratch.solo // bn, BN=bn, NS=ns, BS=bs, BD=bd, Q8=q8 is not None, DOT=scratch.dot,
+            num_warps=scratch.warps, num_stages=2, **flags)
         return out
     # fp32 tiles: wide heads (gemma's 256) get smaller tiles and a 2-deep pipeline to fit shared memory
     bm = 16 if n <= 16 else 64 if bd <= 128 else 32

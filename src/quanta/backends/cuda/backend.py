@@ -32,13 +32,14 @@ from quanta.gguf import TensorInfo
 
 
 class CUDAKVCache:
-    """One K and one V of (n_kv_heads, n_ctx, head_dim) float32 per layer, allocated once."""
+    """One K and one V of (n_kv_heads, n_ctx, head_dim) per layer (float32, or float16 in the default mode),
+    allocated once."""
 
-    def __init__(self, shape: KVShape, device: torch.device):
+    def __init__(self, shape: KVShape, device: torch.device, dtype: torch.dtype = torch.float32):
         self.shape = shape
         dims = (shape.n_layers, shape.n_kv_heads, shape.n_ctx, shape.head_dim)
-        self.k = torch.zeros(dims, dtype=torch.float32, device=device)
-        self.v = torch.zeros(dims, dtype=torch.float32, device=device)
+        self.k = torch.zeros(dims, dtype=dtype, device=device)
+        self.v = torch.zeros(dims, dtype=dtype, device=device)
 
     def __len__(self) -> int:
         return self.shape.n_layers
@@ -48,7 +49,7 @@ class CUDAKVCache:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * 4
+        return 2 * self.k.numel() * self.k.element_size()
 
 
 def _prime_triton() -> None:
@@ -72,11 +73,14 @@ class CUDABackend(Backend):
     name = "cuda"
 
     def __init__(self, device: str | torch.device = "cuda", *, exact: bool = False, graphs: bool = True):
-        """``exact``: every matmul and attention in IEEE fp32. Otherwise prefill matmuls run on bf16 tensor cores
-        and decode matmuls on int8 activations (q8gemv.py; ``QUANTA_Q8=0``: float activations)."""
+        """``exact``: every matmul and attention in IEEE fp32, KV cache in fp32. Otherwise prefill matmuls run on
+        bf16 tensor cores, decode matmuls on int8 activations (q8gemv.py; ``QUANTA_Q8=0``: float activations),
+        the KV cache is fp16 and attention multiplies on tensor cores (attention.py's ``_dot``)."""
         self.device = torch.device(device)
         self.exact = exact
         self.q8 = not exact and os.environ.get("QUANTA_Q8", "1") != "0"
+        self.kv_dtype = torch.float32 if exact else torch.float16
+        self.decode_dot = "ieee" if exact else "fp16"
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise QuantaError("--device cuda needs an NVIDIA GPU with a CUDA build of torch; none was found")
         self.graphs = graphs and self.device.type == "cuda"
@@ -86,7 +90,7 @@ class CUDABackend(Backend):
             self._primer.start()
         pdl.enable(self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] >= 9)
         self._buffers: dict[Any, torch.Tensor] = {}
-        self._decode_scratch: dict[tuple[int, int, int], attention.DecodeScratch] = {}
+        self._decode_scratch: dict[tuple[int, int, int, str], attention.DecodeScratch] = {}
         self._argmax: dict[int, Argmax] = {}
         # int8 copies of decode activations (q8gemv.py), one storage per float buffer; "live" ones are current:
         # written by the op that wrote the float values, and dropped by the next op that is not a matmul
@@ -130,7 +134,7 @@ class CUDABackend(Backend):
     def kv_cache(self, shape: KVShape) -> CUDAKVCache:
         self._graphs.clear()
         self._prefill_uses.clear()
-        return CUDAKVCache(shape, self.device)
+        return CUDAKVCache(shape, self.device, self.kv_dtype)
 
     def buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         size = int(np.prod(shape))
@@ -232,11 +236,11 @@ class CUDABackend(Backend):
             attention.write_kv(k, v, k_cache, v_cache, positions)
         scratch = None
         if n == 1:
-            key = (n_heads, k_cache.shape[1], hd)
+            key = (n_heads, k_cache.shape[1], hd, self.decode_dot)
             scratch = self._decode_scratch.get(key)
             if scratch is None:
                 scratch = self._decode_scratch[key] = attention.DecodeScratch(n_heads, k_cache.shape[1], hd,
-                                                                              self.device)
+                                                                              self.device, dot=self.decode_dot)
         return attention.attention(q, k_cache, v_cache, positions, scale=scale, window=window, softcap=softcap,
                                    out=out, scratch=scratch, exact=self.exact, q8=q8)
 
