@@ -132,12 +132,13 @@ def cold_starts(engines: list[str], cfg: BenchConfig, prompt: list[int]) -> dict
 
 
 def _summarise(runs: list[RunTimes], deep: list[RunTimes], shape: dict[str, int], cfg: BenchConfig,
-               bandwidth: float) -> dict[str, Any]:
+               bandwidth: float, kv_itemsize: int) -> dict[str, Any]:
     prefill = _spread([r.prefill_tok_s for r in runs])
     decode = _spread([r.decode_tok_s for r in runs])
     ttft = _spread([r.ttft_s * 1e3 for r in runs])
     bytes_per_token = shape["weights"] + kv_bytes_per_token(
-        shape["layers"], shape["kv_heads"], shape["head_dim"], cfg.prompt_tokens + cfg.decode_tokens // 2)
+        shape["layers"], shape["kv_heads"], shape["head_dim"], cfg.prompt_tokens + cfg.decode_tokens // 2,
+        kv_itemsize)
     achieved = decode["median"] * bytes_per_token
     out: dict[str, Any] = {
         "prefill_tok_s": prefill["median"], "prefill_tok_s_spread": prefill,
@@ -178,16 +179,17 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True) -> dict[str, Any]:
                 if cfg.depth:
                     deep[name].append(engine.run(deep_prompt, cfg.decode_tokens))
                     bar.update()
+    kv_itemsize = engines["quanta"].llm.kv.itemsize  # float32, or float16 on the GPU's default mode
     report = {"model": str(cfg.model), "device": cfg.device, "threads": cfg.threads,
               "prompt_tokens": cfg.prompt_tokens, "decode_tokens": cfg.decode_tokens, "depth": cfg.depth,
               "repeats": cfg.repeats, "bandwidth_gb_s": bandwidth / 1e9, "file_bytes": shape["file_bytes"],
-              **_summarise(runs["quanta"], deep["quanta"], shape, cfg, bandwidth)}
+              **_summarise(runs["quanta"], deep["quanta"], shape, cfg, bandwidth, kv_itemsize)}
     if cfg.breakdown:
         report["breakdown"] = _breakdown(engines["quanta"], prompt, cfg)
     cold = cold_starts(list(engines), cfg, prompt[:8]) if cfg.cold_start else {}
     report.update(cold.get("quanta", {}))
     if cfg.vs:
-        base = _summarise(runs["llama.cpp"], deep["llama.cpp"], shape, cfg, bandwidth)
+        base = _summarise(runs["llama.cpp"], deep["llama.cpp"], shape, cfg, bandwidth, 2)  # its default f16 cache
         base.update(cold.get("llama.cpp", {}))
         report["baseline"] = {"engine": "llama.cpp", **base}
         report["decode_ratio"] = report["decode_tok_s"] / base["decode_tok_s"]

@@ -74,3 +74,18 @@ def test_fusion_groups_follow_formats(tmp_path: Path, device: str) -> None:
     assert not hasattr(layer, "attn_q") and hasattr(layer, "attn_v")  # no second copy of a fused matrix
     cpu_layer = load_model(g, CPUBackend(), 32).layers[0]
     assert [p.names for p in cpu_layer.qkv] == [("attn_q",), ("attn_k",), ("attn_v",)]
+
+
+def test_kv_cache_is_fp16_by_default_and_fp32_when_exact(tmp_path: Path, device: str) -> None:
+    """The default mode halves the KV cache (the engine's itemsize is what `quanta bench` counts in bytes per
+    token); exact mode keeps float32 like the CPU backend."""
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.engine import KVCache
+
+    path = write_tiny_model(tmp_path / "llama.gguf", "llama", types=QK_FUSED, d_model=256, d_ff=256, n_layers=2)
+    g = gguf.open(path)
+    for backend, itemsize in ((CUDABackend(device), 2), (CUDABackend(device, exact=True), 4), (CPUBackend(), 4)):
+        kv = KVCache(backend, load_model(g, backend, 48).kv_shape())
+        assert kv.itemsize == itemsize
+        s = kv.shape
+        assert kv.arena.nbytes == 2 * s.n_layers * s.n_kv_heads * 48 * s.head_dim * itemsize
