@@ -1,8 +1,10 @@
-"""Random GGUF blocks of every format with finite, moderate scales (for kernel tests)."""
+"""Random GGUF blocks of every format with finite, moderate scales (for kernel tests), and gguf-py's dequantization
+of them as the independent reference."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from quanta.quant.formats import FORMATS
 
@@ -26,3 +28,12 @@ def random_raw(type_name: str, n: int, k: int, rng: np.random.Generator) -> np.n
             o = fmt.offset(f.name)
             raw[:, o:o + 2] = rng.uniform(-0.5, 0.5, nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
     return raw.reshape(n, -1)
+
+
+def gguf_reference(raw: np.ndarray, type_name: str, n: int, k: int) -> np.ndarray:
+    """gguf-py's dequantization of (n, k) ``type_name`` weights, in float64; skips the test where gguf-py is not
+    installed (the GPU machine), so the tests that need no oracle still run there."""
+    quants = pytest.importorskip("gguf.quants")
+    from gguf import GGMLQuantizationType
+
+    return quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(n, k).astype(np.float64)

@@ -6,14 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from random_blocks import ALL_TYPES, random_raw
+from random_blocks import ALL_TYPES, gguf_reference, random_raw
 
 from quanta.backends.cuda.gemm import gemm
 from quanta.backends.cuda.qmatmul import _Epilogue
 from quanta.backends.cuda.repack import fuse, repack
-
-gguf_quants = pytest.importorskip("gguf.quants")
-from gguf import GGMLQuantizationType  # noqa: E402
 
 # bf16 keeps 8 significant bits: each operand is off by up to 2^-9 relative (round to nearest; the interpreter
 # truncates: 2^-8), so a product by up to ~2^-7; with random signs the sum's error is ~that RMS of the products'
@@ -24,7 +21,7 @@ EXACT_TOL = 1e-5
 
 def _weight(type_name: str, n: int, k: int, device: str, seed: int = 0):
     raw = random_raw(type_name, n, k, np.random.default_rng(seed))
-    ref = gguf_quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(n, k).astype(np.float64)
+    ref = gguf_reference(raw, type_name, n, k)
     return repack(torch.from_numpy(raw.copy()).to(device), type_name, (n, k)), ref
 
 

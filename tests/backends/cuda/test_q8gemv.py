@@ -3,12 +3,10 @@ float64 (round half away from zero), times gguf-py's dequantized weights in floa
 
 from __future__ import annotations
 
-import gguf.quants
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
-from random_blocks import ALL_TYPES, random_raw
+from random_blocks import ALL_TYPES, gguf_reference, random_raw
 
 from quanta.backends.cuda import activation, norm
 from quanta.backends.cuda import q8gemv as q8
@@ -58,7 +56,7 @@ def test_gemv_q8_matches_reference(type_name: str, m: int, device: str) -> None:
     # n = 18 is not a multiple of the row tile and k = 768 not of every unit tile: the masked paths run too
     n, k = 18, 768
     raw = random_raw(type_name, n, k, np.random.default_rng(1))
-    ref_w = gguf.quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(n, k).astype(np.float64)
+    ref_w = gguf_reference(raw, type_name, n, k)
     w = repack(torch.from_numpy(raw.copy()).to(device), type_name, (n, k))
     rng = np.random.default_rng(m)
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -81,7 +79,7 @@ def test_gemv_q8_tiles_and_split_outputs(type_name: str, device: str, monkeypatc
         monkeypatch.setitem(q8.Q8_CONFIG, key, {"BN": 4, "BJ": 8, "num_warps": 1})
     n, k = 16, 1024
     raw = random_raw(type_name, n, k, np.random.default_rng(2))
-    ref_w = gguf.quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(n, k).astype(np.float64)
+    ref_w = gguf_reference(raw, type_name, n, k)
     w = repack(torch.from_numpy(raw.copy()).to(device), type_name, (n, k))
     x = np.random.default_rng(3).standard_normal((1, k)).astype(np.float32)
     bias = np.random.default_rng(4).standard_normal(n).astype(np.float32)
@@ -117,7 +115,7 @@ def test_backend_int8_copies_follow_the_float_values(device: str) -> None:
     be = CUDABackend(device)
     n, k = 64, 256
     raw = random_raw("Q4_K", n, k, np.random.default_rng(6))
-    ref_w = gguf.quants.dequantize(raw, GGMLQuantizationType["Q4_K"]).reshape(n, k).astype(np.float64)
+    ref_w = gguf_reference(raw, "Q4_K", n, k)
     w = repack(torch.from_numpy(raw.copy()).to(device), "Q4_K", (n, k))
     rng = np.random.default_rng(7)
     x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32)).to(device)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import gguf.quants
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
-from random_blocks import ALL_TYPES, random_raw
+from random_blocks import ALL_TYPES, gguf_reference, random_raw
 
 from quanta.backends.cuda.repack import dequantize_packed, repack
 
@@ -17,7 +15,7 @@ def test_repack_is_lossless(type_name: str) -> None:
     rng = np.random.default_rng(1)
     n, k = 3, 512
     raw = random_raw(type_name, n, k, rng)
-    want = gguf.quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(n, k)
+    want = gguf_reference(raw, type_name, n, k)
     w = repack(torch.from_numpy(raw.copy()), type_name, (n, k))
     np.testing.assert_array_equal(dequantize_packed(w).numpy(), want)
 

@@ -3,12 +3,10 @@ gguf-py's dequantize followed by a float64 matmul."""
 
 from __future__ import annotations
 
-import gguf.quants
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
-from random_blocks import ALL_TYPES, random_raw
+from random_blocks import ALL_TYPES, gguf_reference, random_raw
 
 from quanta.backends.cuda.embed import embed
 from quanta.backends.cuda.qmatmul import qmatmul
@@ -17,7 +15,7 @@ from quanta.backends.cuda.repack import repack
 
 def _weight(type_name: str, n: int, k: int, device: str, seed: int = 0):
     raw = random_raw(type_name, n, k, np.random.default_rng(seed))
-    ref = gguf.quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(n, k).astype(np.float64)
+    ref = gguf_reference(raw, type_name, n, k)
     return repack(torch.from_numpy(raw.copy()).to(device), type_name, (n, k)), ref
 
 
