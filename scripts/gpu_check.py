@@ -4,6 +4,7 @@ measured read bandwidth for the roofline. Full log in $OUT/gpu_check.log, number
 summary table is printed last.
 
 Usage (repo root, on the GPU machine): PYTHONPATH=src python3 scripts/gpu_check.py [--quick] [--only NAME,...]
+(sections: tests, kernels, depth, tune, ab, benchfirst, compare, bench, ttft, prefillprof, compare2, synthcompare)
 (the speed sections live in gpu_speed.py, the shared helpers in gpu_common.py)
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,20 @@ import torch
 
 from gpu_common import BENCH_PRESETS, OUT, RESULTS, SUMMARY, WORK, bandwidth, random_raw, say, section, synth
 from gpu_speed import bench, depth_sweep, first_token, prefill_profile, tune, variants_ab
+
+
+@section("pytest tests/backends/cuda on the GPU (tests needing gguf-py skip where it is missing)")
+def gpu_tests(timeout_s: int = 420) -> None:
+    cmd = [sys.executable, "-m", "pytest", "tests/backends/cuda", "-q", "-p", "no:cacheprovider", "-rfs"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        out = p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() + f"\nTIMEOUT after {timeout_s} s"
+    (OUT / "gpu_tests.txt").write_text(out)
+    last = out.strip().splitlines()[-1] if out.strip() else "no output"
+    say("  ", last)
+    SUMMARY.append(f"GPU tests: {last}")
 
 
 @section("kernels vs torch float64 on the GPU")
@@ -212,6 +228,8 @@ def main() -> None:
     only = set(args.only.split(","))
     say(f"torch {torch.__version__}, triton {__import__('triton').__version__}, {torch.cuda.get_device_name()}")
     bw = bandwidth() or 4.3e12
+    if "tests" in only:
+        gpu_tests()
     if "kernels" in only:
         kernel_checks((1,) if args.quick else (1, 3, 77))
     if "depth" in only:

@@ -119,7 +119,10 @@ def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0) -> f
     return n_decode / (time.perf_counter() - t0)
 
 
-@section("decode speed against context depth (n_ctx 8192)")
+ATTENTION_VARIANTS = {"f32 cache, IEEE dots": (torch.float32, "ieee"), "f16 cache, fp16 dots": (torch.float16, "fp16")}
+
+
+@section("decode speed against context depth (n_ctx 8192), KV cache / attention variants in one process")
 def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 1024, 4096)) -> None:
     from quanta import gguf
     from quanta.backends.cuda.backend import CUDABackend
@@ -129,13 +132,15 @@ def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 10
         g = gguf.open(path)
         be = CUDABackend("cuda")
         model = load_model(g, be, 8192)
-        cache = be.kv_cache(model.kv_shape())
-        rates = {d: decode_rate(be, model, cache, d, 128) for d in depths}
-        line = f"{name:22s} decode by depth: " + ", ".join(f"{d}: {r:.0f} ({100 * r / rates[depths[0]]:.0f}%)"
-                                                          for d, r in rates.items())
-        say("  ", line)
-        SUMMARY.append(line)
-        del model, cache, be
+        for label, (be.kv_dtype, be.decode_dot) in ATTENTION_VARIANTS.items():
+            cache = be.kv_cache(model.kv_shape())
+            rates = {d: decode_rate(be, model, cache, d, 128) for d in depths}
+            line = f"{name:22s} {label}: " + ", ".join(f"{d}: {r:.0f} ({100 * r / rates[depths[0]]:.0f}%)"
+                                                      for d, r in rates.items())
+            say("  ", line)
+            SUMMARY.append(line)
+            del cache
+        del model, be
         g.close()
         torch.cuda.empty_cache()
 
