@@ -122,8 +122,8 @@ def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0) -> f
 ATTENTION_VARIANTS = {"f32 cache, IEEE dots": (torch.float32, "ieee"), "f16 cache, fp16 dots": (torch.float16, "fp16")}
 
 
-@section("decode speed against context depth (n_ctx 8192), KV cache / attention variants in one process")
-def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 1024, 4096)) -> None:
+@section("decode speed against context depth (n_ctx 8192), KV cache / attention variants alternating in one process")
+def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 1024, 4096), reps: int = 3) -> None:
     from quanta import gguf
     from quanta.backends.cuda.backend import CUDABackend
     from quanta.models import load_model
@@ -132,14 +132,21 @@ def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 10
         g = gguf.open(path)
         be = CUDABackend("cuda")
         model = load_model(g, be, 8192)
-        for label, (be.kv_dtype, be.decode_dot) in ATTENTION_VARIANTS.items():
-            cache = be.kv_cache(model.kv_shape())
-            rates = {d: decode_rate(be, model, cache, d, 128) for d in depths}
-            line = f"{name:22s} {label}: " + ", ".join(f"{d}: {r:.0f} ({100 * r / rates[depths[0]]:.0f}%)"
-                                                      for d, r in rates.items())
-            say("  ", line)
+        rates: dict = {}
+        for _ in range(reps):
+            for label, (be.kv_dtype, be.decode_dot) in ATTENTION_VARIANTS.items():
+                be._decode_scratch.clear()
+                be._graphs.clear()
+                cache = be.kv_cache(model.kv_shape())
+                for d in depths:
+                    rates.setdefault((label, d), []).append(decode_rate(be, model, cache, d, 128))
+                del cache
+        for label in ATTENTION_VARIANTS:
+            med = {d: float(np.median(rates[(label, d)])) for d in depths}
+            line = f"{name:22s} {label}: " + ", ".join(f"{d}: {r:.0f} ({100 * r / med[depths[0]]:.0f}%)"
+                                                      for d, r in med.items())
+            say("  ", line, json.dumps({d: [round(x) for x in rates[(label, d)]] for d in depths}))
             SUMMARY.append(line)
-            del cache
         del model, be
         g.close()
         torch.cuda.empty_cache()

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 
+from quanta.backends.cuda import pdl
 from quanta.backends.cuda.activation import _tanh
 from quanta.backends.cuda.q8gemv import Q8Activation, store_q8
 
@@ -107,7 +108,8 @@ def _dot(a, b, DOT: tl.constexpr):
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV,
                    HD, NCTX, NSPLIT, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
                    G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr, SOLO: tl.constexpr, BN: tl.constexpr,
-                   NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr, DOT: tl.constexpr):
+                   NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr, DOT: tl.constexpr,
+                   NEXT: tl.constexpr):
     """Program (hk, c): the G query heads of KV head ``hk`` (G = the group rounded up to a power of two, and to 16
     for tensor-core dots) against chunk c of the visible keys, in BN-key tiles.
 
@@ -116,7 +118,9 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr
     which writes the output directly (no partials, no ticket); deeper ones spread over up to NPROG programs, whose
     partials the last to draw a ticket combines (GC: the group rounded up to a power of two). Scores are kept in
     log2 units (scale * log2(e) folded into q) so the softmax uses exp2; the partial maxima are stored in natural
-    units for ``_combine_splits``. Programs past ``nlive`` exit at once."""
+    units for ``_combine_splits``. Programs past ``nlive`` exit at once. NEXT: let the next kernel (the output
+    projection, launched with PDL) start loading its weights while this one runs."""
+    pdl.allow_next(NEXT)
     hk = tl.program_id(0)
     c = tl.program_id(1)
     group = H // HKV
@@ -290,7 +294,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
             n_ctx, nsplit, scratch.nprog, scale, softcap or 1.0, window,
             G=group if scratch.dot == "ieee" else max(16, group), GC=group, MINB=max(1, scratch.chunk // bn),
             SOLO=scratch.solo // bn, BN=bn, NS=ns, BS=bs, BD=bd, Q8=q8 is not None, DOT=scratch.dot,
-            num_warps=scratch.warps, num_stages=2, **flags)
+            NEXT=pdl.launch()["PDL"], num_warps=scratch.warps, num_stages=2, **flags)
         return out
     # fp32 tiles: wide heads (gemma's 256) get smaller tiles and a 2-deep pipeline to fit shared memory
     bm = 16 if n <= 16 else 64 if bd <= 128 else 32

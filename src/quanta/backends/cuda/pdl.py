@@ -5,8 +5,8 @@ byte arrives. With PDL every kernel first lets the next one launch (``allow_next
 no earlier kernel writes (weights, norm weights) before it waits for its predecessor (``wait_prev``): the weight
 stream of one kernel overlaps the tail of the last. Every kernel launched with PDL must call ``wait_prev`` before
 it reads or writes any activation, cache or scratch memory. A kernel launched without PDL (the decode attention)
-simply waits for everything before it. Off under the Triton interpreter and before sm_90, and with
-``QUANTA_PDL=0``.
+simply waits for everything before it; it still calls ``allow_next``, so the output projection after it loads its
+weights while the attention runs. Off under the Triton interpreter and before sm_90, and with ``QUANTA_PDL=0``.
 """
 
 from __future__ import annotations
