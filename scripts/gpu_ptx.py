@@ -25,23 +25,27 @@ FORMATS = {  # name: (BITS, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN)
 }
 
 
-def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, pdl: bool = True, q8: bool = False):
-    """The float GEMV, or (q8) the int8-activation GEMV of q8gemv.py, compiled for sm_90."""
+def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, pdl: bool = True, q8: bool = False,
+                 rope: str = ""):
+    """The float GEMV, or (q8) the int8-activation GEMV of q8gemv.py, compiled for sm_90 (rope: "", "llama" or
+    "neox": with the rope epilogue)."""
     bits, g, sb, qoff, has_sc, has_min, has_mn = FORMATS[fmt]
     fn = q8m._gemv_q8_kernel if q8 else qm._gemv_kernel
     x_args = {"xq_ptr": "*i32", "xd_ptr": "*fp32"} if q8 else {"x_ptr": "*fp32"}
     sig = {**x_args, "q_ptr": "*i32", "d_ptr": "*fp16", "sc_ptr": "*i8", "dmin_ptr": "*fp16",
            "mn_ptr": "*u8", "res_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*fp32", "y1_ptr": "*fp32",
            "y2_ptr": "*fp32", "N": "i32", "N1": "i32", "N2": "i32", "K": "i32", "QW": "i32",
-           **({} if q8 else {"stride_x": "i32"}), "stride_y": "i32"}
+           **({} if q8 else {"stride_x": "i32"}), "stride_y": "i32", "pos_ptr": "*i32", "cos_ptr": "*fp32",
+           "sin_ptr": "*fp32", "ROW0": "i32", "HD": "i32", "HALF": "i32", "NCTX": "i32"}
     consts = dict(BITS=bits, G=g, SB=sb, QOFF=qoff, HAS_SC=has_sc, HAS_MIN=has_min, HAS_MN=has_mn, HAS_RES=False,
-                  HAS_BIAS=False, SPLIT=False, BN=bn, BJ=bj, MASKED=masked, **({"EMULATE": False} if q8 else {}),
-                  PDL=pdl)
+                  HAS_BIAS=False, SPLIT=False, ROPE=bool(rope), NEOX=rope == "neox", BN=bn, BJ=bj, MASKED=masked,
+                  **({"EMULATE": False} if q8 else {}), PDL=pdl)
     for k in consts:
         sig[k] = "constexpr"
     div = [["tt.divisibility", 16]]
     attrs = {(fn.arg_names.index(a),): div for a in sig if a in fn.arg_names and sig[a] != "constexpr"
-             and a not in ("N1", "N2", "b_ptr", "y1_ptr", "y2_ptr")}
+             and a not in ("N1", "N2", "b_ptr", "y1_ptr", "y2_ptr", "pos_ptr", "cos_ptr", "sin_ptr", "ROW0",
+                           "HALF", "NCTX")}
     src = ASTSource(fn, sig, consts, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
 

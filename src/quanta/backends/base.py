@@ -129,6 +129,14 @@ class Backend(ABC):
         self.rope(k, positions, table, neox=neox)
         return False
 
+    def qkv_rope(self, x: Array, groups: list[Any], outs: dict[str, Array], positions: Array, table: Any, *,
+                 neox: bool, cache: Any) -> bool:
+        """Optional decode fusion: the Q/K/V projections of ``groups`` (the model's ``Projection`` list) with the
+        rope of :meth:`rope_qk` and the K/V store done by the matmuls themselves; ``outs["attn_q"]`` gets the
+        rotated queries, the cache the keys and values. True when done; the default returns False and the caller
+        runs the matmuls and :meth:`rope_qk`."""
+        return False
+
     @abstractmethod
     def attention(self, q: Array, k: Array | None, v: Array | None, cache: Any, positions: Array, *, scale: float,
                   window: int = 0, softcap: float = 0.0, out: Array | None = None) -> Array:

@@ -127,22 +127,42 @@ class Model:
     # ---- shared pieces of the forward ------------------------------------------------------------------------
     def qkv(self, h: Array, layer: SimpleNamespace) -> tuple[Array, Array, Array]:
         """Projections of the normed input (biases included), reshaped to (n, heads, head_dim)."""
-        ops, c, n = self.backend, self.config, h.shape[0]
-        q = ops.buffer("q", (n, c.n_heads * c.head_dim))
-        k = ops.buffer("k", (n, c.n_kv_heads * c.head_dim))
-        v = ops.buffer("v", (n, c.n_kv_heads * c.head_dim))
-        self.project(h, layer.qkv, {"attn_q": q, "attn_k": k, "attn_v": v})
-        return (q.reshape(n, c.n_heads, c.head_dim), k.reshape(n, c.n_kv_heads, c.head_dim),
-                v.reshape(n, c.n_kv_heads, c.head_dim))
+        outs = self._qkv_buffers(h.shape[0])
+        self.project(h, layer.qkv, outs)
+        return self._heads(outs)
 
-    def attend(self, q: Array, k: Array, v: Array, layer_cache: Any, positions: Array, layer: SimpleNamespace,
-               rope: Any, *, window: int = 0, residual: Array | None = None) -> Array:
-        """Rope of q and k, attention over the cache, then the output projection → (n, d_model), added into
-        ``residual`` (in place) when given."""
+    def qkv_rope(self, h: Array, layer: SimpleNamespace, layer_cache: Any, positions: Array,
+                 rope: Any) -> tuple[Array, Array | None, Array | None]:
+        """:meth:`qkv` then :meth:`rope_store`; one pass where the backend fuses them (``Backend.qkv_rope``)."""
+        outs = self._qkv_buffers(h.shape[0])
+        if self.backend.qkv_rope(h, layer.qkv, outs, positions, rope, neox=self.neox_rope, cache=layer_cache):
+            return self._heads(outs)[0], None, None
+        self.project(h, layer.qkv, outs)
+        return self.rope_store(*self._heads(outs), layer_cache, positions, rope)
+
+    def _qkv_buffers(self, n: int) -> dict[str, Array]:
+        ops, c = self.backend, self.config
+        return {"attn_q": ops.buffer("q", (n, c.n_heads * c.head_dim)),
+                "attn_k": ops.buffer("k", (n, c.n_kv_heads * c.head_dim)),
+                "attn_v": ops.buffer("v", (n, c.n_kv_heads * c.head_dim))}
+
+    def _heads(self, outs: dict[str, Array]) -> tuple[Array, Array, Array]:
+        c, n = self.config, outs["attn_q"].shape[0]
+        return (outs["attn_q"].reshape(n, c.n_heads, c.head_dim), outs["attn_k"].reshape(n, c.n_kv_heads, c.head_dim),
+                outs["attn_v"].reshape(n, c.n_kv_heads, c.head_dim))
+
+    def rope_store(self, q: Array, k: Array, v: Array, layer_cache: Any, positions: Array,
+                   rope: Any) -> tuple[Array, Array | None, Array | None]:
+        """Rope of q and k; k and v come back None when the backend also stored them in the cache."""
+        if self.backend.rope_qk(q, k, positions, rope, neox=self.neox_rope, v=v, cache=layer_cache):
+            return q, None, None
+        return q, k, v
+
+    def attend(self, q: Array, k: Array | None, v: Array | None, layer_cache: Any, positions: Array,
+               layer: SimpleNamespace, *, window: int = 0, residual: Array | None = None) -> Array:
+        """Attention of the rotated q over the cache (k and v first stored unless None), then the output
+        projection → (n, d_model), added into ``residual`` (in place) when given."""
         ops, c, n = self.backend, self.config, q.shape[0]
-        stored = ops.rope_qk(q, k, positions, rope, neox=self.neox_rope, v=v, cache=layer_cache)
-        if stored:
-            k = v = None
         o = ops.attention(q, k, v, layer_cache, positions, scale=c.attn_scale, window=window,
                           softcap=c.attn_softcap, out=ops.buffer("attn", (n, c.n_heads * c.head_dim)))
         out = residual if residual is not None else ops.buffer("attn_out", (n, c.d_model))

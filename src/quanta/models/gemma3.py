@@ -50,8 +50,8 @@ class Gemma3(Model):
             q, k, v = self.qkv(h, layer)
             ops.rms_norm(q, layer.attn_q_norm, c.norm_eps, out=q)
             ops.rms_norm(k, layer.attn_k_norm, c.norm_eps, out=k)
-            a = self.attend(q, k, v, cache[i], positions, layer, self.rope_local if sliding else self.rope_global,
-                            window=c.sliding_window if sliding else 0)
+            q, k, v = self.rope_store(q, k, v, cache[i], positions, self.rope_local if sliding else self.rope_global)
+            a = self.attend(q, k, v, cache[i], positions, layer, window=c.sliding_window if sliding else 0)
             ops.rms_norm(a, layer.post_attention_norm, c.norm_eps, out=a)
             h = ops.rms_norm(x, layer.ffn_norm, c.norm_eps, out=h_buf, residual=a)
             f = self.ffn(h, layer, gelu=True)

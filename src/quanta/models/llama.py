@@ -30,8 +30,8 @@ class Llama(Model):
         h_buf = ops.buffer("h", (n, c.d_model))
         for i, layer in enumerate(self.layers):
             h = ops.rms_norm(x, layer.attn_norm, c.norm_eps, out=h_buf)
-            q, k, v = self.qkv(h, layer)
-            self.attend(q, k, v, cache[i], positions, layer, self.rope, residual=x)
+            q, k, v = self.qkv_rope(h, layer, cache[i], positions, self.rope)
+            self.attend(q, k, v, cache[i], positions, layer, residual=x)
             h = ops.rms_norm(x, layer.ffn_norm, c.norm_eps, out=h_buf)
             self.ffn(h, layer, residual=x)
         return self.logits(x, all_logits)

@@ -23,8 +23,8 @@ from quanta.backends.cuda import activation, attention, norm, pdl, rope
 from quanta.backends.cuda.embed import embed as _embed
 from quanta.backends.cuda.graphs import (CAPTURE_AT_USE, MAX_GRAPH_PREFILL, DecodeGraph, PrefillGraph,
                                          padded_inputs, prefill_bucket)
-from quanta.backends.cuda.q8gemv import Q8Activation, quantize
-from quanta.backends.cuda.qmatmul import GEMV_MAX_ROWS, qmatmul
+from quanta.backends.cuda.q8gemv import Q8_CONFIG, Q8Activation, quantize
+from quanta.backends.cuda.qmatmul import GEMV_CONFIG, GEMV_MAX_ROWS, gemv_launch, qmatmul
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight, fuse, repack
 from quanta.backends.cuda.sampling import Argmax
 from quanta.errors import QuantaError
@@ -222,6 +222,28 @@ class CUDABackend(Backend):
         self._produce_q8(None)
         rope.rope_qk(q, k, positions, table, neox, v=v, cache=cache)
         return v is not None and cache is not None
+
+    def qkv_rope(self, x: torch.Tensor, groups: list[Any], outs: dict[str, torch.Tensor], positions: torch.Tensor,
+                 table: Any, *, neox: bool, cache: Any) -> bool:
+        """Decode: each Q/K/V GEMV rotates its rows and stores keys and values in its epilogue (rope.py's
+        ``rope_store``): the rope_qk launch goes. Needs full-width rope and quantized weights whose GEMV tile has an
+        even row count (rotated pairs in one program)."""
+        q = outs["attn_q"]
+        nq, nk = q.shape[1], outs["attn_k"].shape[1]
+        if x.shape[0] != 1 or cache is None or 2 * table[0].shape[1] != cache[0].shape[2]:
+            return False
+        tiles = GEMV_CONFIG if self._q8_copy(x) is None else Q8_CONFIG
+        parts = []
+        for g in groups:
+            w, bias = (g.weight.packed, g.weight.bias) if g.fused else (g.weight, g.bias)
+            if w.kind == "dense" or gemv_launch(tiles, w)[0] % 2:
+                return False
+            parts.append((w, bias, {"attn_q": 0, "attn_k": nq, "attn_v": nq + nk}[g.names[0]]))
+        xq = self._q8_input(x, [q])
+        for w, bias, row0 in parts:
+            qmatmul(x, w, bias=bias, exact=self.exact, xq=xq,
+                    rope=rope.RopeStore(q, cache, positions, table, neox, row0, nq, nk))
+        return True
 
     def attention(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, cache: Any,
                   positions: torch.Tensor, *,

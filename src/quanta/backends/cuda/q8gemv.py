@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
-from quanta.backends.cuda.qmatmul import _epilogue, _gemv_tile, gemv_launch
+from quanta.backends.cuda.qmatmul import _gemv_epilogue, _gemv_tile, gemv_launch
+from quanta.backends.cuda.rope import slot_rows
 from quanta.backends.cuda.repack import PackedWeight
 
 # tiles per (code width, class) as in qmatmul.GEMV_CONFIG, chosen on the H200 by scripts/gpu_tune.py q8 (GPU journal,
@@ -183,18 +184,21 @@ def _q8_step(acc, words, s0, m0, s1, m1, xq_ptr, xd_ptr, j, NU, BITS: tl.constex
 
 @triton.jit
 def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr,
-                    N, N1, N2, K, QW, stride_y,
+                    N, N1, N2, K, QW, stride_y, pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX,
                     BITS: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                     HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr,
-                    MASKED: tl.constexpr, EMULATE: tl.constexpr, PDL: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr,
+                    BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, EMULATE: tl.constexpr,
+                    PDL: tl.constexpr):
     """One program: BN output features of one activation row (the float GEMV's tiling: [BN, BJ, 4] code words,
-    the first K step loaded before waiting for the kernel that writes x)."""
+    the first K step loaded before waiting for the kernel that writes x; its output side, with ROPE too)."""
     UPC: tl.constexpr = BITS // 4
     pdl.allow_next(PDL)
     pid = tl.program_id(0)
     m = tl.program_id(1)
     rows = pid * BN + tl.arange(0, BN)
+    if ROPE:
+        rows = slot_rows(rows, ROW0, N2, HD, HALF, NEOX)
     rmask = rows < N
     jj = tl.arange(0, BJ)
     NU = K // 32 * UPC
@@ -213,8 +217,8 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_
         words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB,
                                            UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
         acc = _q8_step(acc, words, s0, m0, s1, m1, xq_row, xd_row, j, NU, BITS, G, QOFF, HAS_MIN, MASKED, EMULATE)
-    y = tl.sum(acc, axis=1)
-    _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
+    _gemv_epilogue(tl.sum(acc, axis=1), m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y,
+                   pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX, HAS_BIAS, HAS_RES, SPLIT, ROPE, NEOX, BN)
 
 
 def gemv_q8(xq: Q8Activation, w: PackedWeight, planes: tuple[torch.Tensor, ...], ep: Any) -> None:
@@ -225,4 +229,4 @@ def gemv_q8(xq: Q8Activation, w: PackedWeight, planes: tuple[torch.Tensor, ...],
     words = w.q.view(torch.int32)
     _gemv_q8_kernel[(triton.cdiv(w.n, bn), m)](
         xq.q.view(torch.int32), xq.d, words, *planes, *ep.args(), w.n, *ep.bounds, k, words.stride(0),
-        ep.out.stride(0), EMULATE=xq.q.device.type != "cuda", **ep.flags(), **kw)
+        ep.out.stride(0), *ep.gemv_args(), EMULATE=xq.q.device.type != "cuda", **ep.gemv_flags(), **kw)

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from quanta.backends.cuda import pdl
 from quanta.backends.cuda.repack import PackedWeight
+from quanta.backends.cuda.rope import RopeStore, rope_store, slot_rows
 
 GEMV_MAX_ROWS = 4  # up to this many activation rows the weight is streamed once per row (decode)
 # GEMV tiles (BN rows x BJ 16-byte units per program) per code width and matrix class,
@@ -67,6 +68,22 @@ def _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N
         tl.store(y2_ptr + m * (N - N2) + (rows - N2), y, mask=rmask & (rows >= N2))
     else:
         tl.store(y_ptr + m * stride_y + rows, y, mask=rmask)
+
+
+@triton.jit
+def _gemv_epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, pos_ptr, cos_ptr,
+                   sin_ptr, ROW0, HD, HALF, NCTX, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                   SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr, BN: tl.constexpr):
+    """The GEMVs' output side: ``_epilogue``, or (ROPE) the bias, then rope and the KV store (rope.py; N1, N2:
+    the Q and Q+K row counts, y_ptr/y1_ptr/y2_ptr: q and the K and V caches)."""
+    if ROPE:
+        if HAS_BIAS:
+            y += tl.load(b_ptr + rows, mask=rmask, other=0)
+        rope_store(y, rows, rmask, y_ptr, y1_ptr, y2_ptr, pos_ptr, cos_ptr, sin_ptr, ROW0, N1, N2, HD, HALF, NCTX,
+                   NEOX, BN)
+    else:
+        _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES,
+                  SPLIT)
 
 
 @triton.jit
@@ -166,22 +183,25 @@ def _gemv_step(acc, words, s0, m0, s1, m1, xrow, j, NU, BITS: tl.constexpr, G: t
 
 @triton.jit
 def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr,
-                 N, N1, N2, K, QW, stride_x, stride_y,
+                 N, N1, N2, K, QW, stride_x, stride_y, pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX,
                  BITS: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr,
                  BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, PDL: tl.constexpr):
     """One program: BN output features of one activation row, K walked BJ units at a time. A unit is 4 words
     (16 bytes: a 4-bit chunk, or half an 8-bit chunk); codes are a [BN, BJ, 4] int32 tile (QW: words per row),
     so each thread owns whole units: one vector load per row, and for each slot a [BJ, 4] tile of x in the same
     register layout (no shuffles, no cross-thread sums in the loop). Masks depend on the unit and row only, which
     keeps the loads vectorised. The first step's codes and scales are loaded before waiting for the previous
-    kernel (PDL): most decode matrices are one or two steps long, so their weights stream during its tail."""
+    kernel (PDL): most decode matrices are one or two steps long, so their weights stream during its tail.
+    ROPE: a decode Q/K/V projection that rotates and stores into the KV cache (rope.py's ``rope_store``)."""
     UPC: tl.constexpr = BITS // 4
     pdl.allow_next(PDL)
     pid = tl.program_id(0)
     m = tl.program_id(1)
     rows = pid * BN + tl.arange(0, BN)
+    if ROPE:
+        rows = slot_rows(rows, ROW0, N2, HD, HALF, NEOX)
     rmask = rows < N
     jj = tl.arange(0, BJ)
     NU = K // 32 * UPC
@@ -199,8 +219,8 @@ def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, 
         words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB,
                                            UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
         acc = _gemv_step(acc, words, s0, m0, s1, m1, xrow, j, NU, BITS, G, QOFF, HAS_MIN, MASKED)
-    y = tl.sum(acc, axis=1)
-    _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES, SPLIT)
+    _gemv_epilogue(tl.sum(acc, axis=1), m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y,
+                   pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX, HAS_BIAS, HAS_RES, SPLIT, ROPE, NEOX, BN)
 
 
 @triton.jit
@@ -237,11 +257,15 @@ def _planes(w: PackedWeight) -> tuple[torch.Tensor, ...]:
 
 
 class _Epilogue:
-    """Kernel arguments of the output side: residual, bias and the (possibly split) outputs."""
+    """Kernel arguments of the output side: residual, bias and the (possibly split) outputs; or (``rope``, decode
+    GEMVs only) q and the KV cache, rotated and stored by the epilogue."""
 
     def __init__(self, out: torch.Tensor, residual: torch.Tensor | None, bias: torch.Tensor | None,
-                 outs: list[torch.Tensor] | None, n: int):
-        self.out, self.residual, self.bias = out, residual, bias
+                 outs: list[torch.Tensor] | None, n: int, rope: RopeStore | None = None):
+        self.out, self.residual, self.bias, self.rope = out, residual, bias, rope
+        if rope is not None:
+            self.split, self.bounds, self.ys = False, (rope.nq, rope.nq + rope.nk), [rope.q, *rope.cache]
+            return
         ys = list(outs) if outs else [out]
         widths = [y.shape[-1] for y in ys]
         assert sum(widths) == n and len(ys) <= 3 and all(y.is_contiguous() for y in ys), (widths, n)
@@ -256,6 +280,13 @@ class _Epilogue:
     def flags(self) -> dict:
         return dict(HAS_RES=self.residual is not None, HAS_BIAS=self.bias is not None, SPLIT=self.split)
 
+    def gemv_args(self) -> tuple:
+        """The GEMVs' trailing rope arguments (``RopeStore.args``; placeholders without rope)."""
+        return self.rope.args() if self.rope else (self.out, self.out, self.out, 0, 1, 1, 0)
+
+    def gemv_flags(self) -> dict:
+        return dict(**self.flags(), ROPE=self.rope is not None, NEOX=bool(self.rope and self.rope.neox))
+
 
 def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue) -> None:
     m, k = x.shape
@@ -269,7 +300,8 @@ def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue) -> None:
     bn, kw = gemv_launch(GEMV_CONFIG, w)
     words = w.q.view(torch.int32)
     _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), w.n, *ep.bounds, k,
-                                            words.stride(0), x.stride(0), stride_y, **ep.flags(), **kw)
+                                            words.stride(0), x.stride(0), stride_y, *ep.gemv_args(),
+                                            **ep.gemv_flags(), **kw)
 
 
 def gemv_launch(table: dict, w: PackedWeight) -> tuple[int, dict]:
@@ -287,21 +319,25 @@ def gemv_launch(table: dict, w: PackedWeight) -> tuple[int, dict]:
 
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, exact: bool = False, bias: torch.Tensor | None = None,
-            outs: list[torch.Tensor] | None = None, xq: Any = None) -> torch.Tensor:
+            outs: list[torch.Tensor] | None = None, xq: Any = None, rope: RopeStore | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias) (+ residual)``: x (m, k) float32 contiguous rows → (m, n) float32 (written into ``out``;
     ``residual`` may be ``out``). ``outs``: instead, column blocks into these contiguous (m, n_i) arrays (≤ 3).
 
     ``exact``: the prefill GEMM multiplies in IEEE fp32 instead of bf16. ``xq``: x as int8 (a ``Q8Activation``):
-    a quantized weight then takes the int8 GEMV (q8gemv.py) for few rows."""
+    a quantized weight then takes the int8 GEMV (q8gemv.py) for few rows. ``rope``: one row through a quantized
+    weight whose tile has an even BN (``rope_fits``): its rows are rotated and stored as ``rope`` says."""
     m, k = x.shape
     assert k == w.k and x.stride(1) == 1, (x.shape, w.k)
-    if outs:
+    if rope is not None:
+        assert m == 1 and w.kind != "dense" and residual is None and not outs
+        out = rope.q
+    elif outs:
         out = outs[0]
         assert residual is None
     elif out is None:
         out = torch.empty((m, w.n), dtype=torch.float32, device=x.device)
     assert residual is None or residual.stride(0) == out.stride(0)
-    ep = _Epilogue(out, residual, bias, outs, w.n)
+    ep = _Epilogue(out, residual, bias, outs, w.n, rope)
     if m <= GEMV_MAX_ROWS and xq is not None and w.kind != "dense":
         from quanta.backends.cuda.q8gemv import gemv_q8  # q8gemv.py imports this module's tiles
 

@@ -8,9 +8,15 @@ layout and nothing is exchanged through shared memory. ``rope_qk`` runs its quer
 that rotates all key heads and stores the rotated keys and the values straight into the KV cache (``(hk, n_ctx,
 hd)`` per layer) from registers. Tested against a numpy rotation built from the same inverse frequencies
 (tests/backends/cuda/test_ops.py).
+
+In decode the rotation and the KV store can instead run in the epilogue of the Q/K/V GEMVs (``RopeStore``,
+``slot_rows``, ``rope_store``: one launch fewer per layer); tested against the projections followed by ``rope_qk``
+(tests/backends/cuda/test_rope_fusion.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -132,3 +138,59 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, table: tu
         q, k, v if store else k, kc, vc, positions, cos, sin, hq, hk, hd, half, kc.shape[1] if store else 0,
         NEOX=neox, STORE=store, TAIL=2 * half < hd, BHQ=bhq, BHK=triton.next_power_of_2(hk),
         BR=triton.next_power_of_2(half), BD=triton.next_power_of_2(hd), num_warps=2, **pdl.launch())
+
+
+@dataclass
+class RopeStore:
+    """The output side of a decode Q/K/V GEMV that rotates and stores (``CUDABackend.qkv_rope``). Its rows are
+    the Q|K|V rows from ``row0`` on: [0, nq) are rotated into ``q`` (1, nq), [nq, nq + nk) rotated into the K
+    cache and the rest copied into the V cache, at the position in ``positions``."""
+
+    q: torch.Tensor
+    cache: tuple[torch.Tensor, torch.Tensor]
+    positions: torch.Tensor
+    table: tuple[torch.Tensor, torch.Tensor]
+    neox: bool
+    row0: int
+    nq: int
+    nk: int
+
+    def args(self) -> tuple:
+        """The GEMV's rope arguments: position, cos and sin tables, row0, head dim, table width, n_ctx."""
+        _, n_ctx, hd = self.cache[0].shape
+        return (self.positions, *self.table, self.row0, hd, self.table[0].shape[1], n_ctx)
+
+
+@triton.jit
+def slot_rows(slots, ROW0, NQK, HD, HALF, NEOX: tl.constexpr):
+    """The rows (from ROW0) a rope GEMV computes in its output slots. Rope rotates pairs, and a program rotates the
+    pairs in its adjacent slots (2i, 2i+1): llama's pairs are adjacent rows; with NEOX, slots 2i and 2i+1 of a
+    Q/K head take its rows i and i + HALF. V rows keep their slots."""
+    if NEOX:
+        g = ROW0 + slots
+        w = g % HD
+        return tl.where(g < NQK, g - w + w // 2 + (w % 2) * HALF, g) - ROW0
+    else:
+        return slots
+
+
+@triton.jit
+def rope_store(y, rows, rmask, q_ptr, kc_ptr, vc_ptr, pos_ptr, cos_ptr, sin_ptr, ROW0, NQ, NQK, HD, HALF, NCTX,
+               NEOX: tl.constexpr, BN: tl.constexpr):
+    """Epilogue of a rope GEMV (one activation row, BN even, ``y`` in the slot order of ``slot_rows``): rotate
+    each pair of adjacent slots, then store the query rows and the key and value rows at the position of the
+    caches (``(hk, n_ctx, hd)``, any float type)."""
+    pos = tl.load(pos_ptr)
+    g = ROW0 + rows
+    ya, yb = tl.split(tl.reshape(y, [BN // 2, 2]))
+    ga, _ = tl.split(tl.reshape(g, [BN // 2, 2]))
+    f = ga % HD if NEOX else (ga % HD) // 2
+    rot = ga < NQK  # V pairs: cos 1, sin 0 leave them as they are
+    c = tl.load(cos_ptr + pos * HALF + f, mask=rot, other=1.0)
+    s = tl.load(sin_ptr + pos * HALF + f, mask=rot, other=0.0)
+    y = tl.reshape(tl.join(ya * c - yb * s, ya * s + yb * c), [BN])
+    tl.store(q_ptr + g, y, mask=rmask & (g < NQ))
+    kr = g - NQ
+    tl.store(kc_ptr + (kr // HD * NCTX + pos) * HD + kr % HD, y, mask=rmask & (kr >= 0) & (g < NQK))
+    vr = g - NQK
+    tl.store(vc_ptr + (vr // HD * NCTX + pos) * HD + vr % HD, y, mask=rmask & (vr >= 0))
