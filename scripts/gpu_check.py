@@ -236,7 +236,7 @@ def main() -> None:
         depth_sweep([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "tune" in only:  # the int8 GEMV's tiles (set in this process for what follows)
         tune()
-    if "ab" in only:  # float / int8 GEMV, alternating in one process
+    if "ab" in only:  # decode variants (gpu_speed.VARIANTS), alternating in one process
         variants_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
         bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)

@@ -119,7 +119,9 @@ def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0) -> f
     return n_decode / (time.perf_counter() - t0)
 
 
-ATTENTION_VARIANTS = {"f32 cache, IEEE dots": (torch.float32, "ieee"), "f16 cache, fp16 dots": (torch.float16, "fp16")}
+# label: KV cache dtype, decode dots (the default mode's; "f32 cache, IEEE dots": (torch.float32, "ieee") adds the
+# exact mode's kernel, as in session 4)
+ATTENTION_VARIANTS = {"f16 cache, fp16 dots": (torch.float16, "fp16")}
 
 
 @section("decode speed against context depth (n_ctx 8192), KV cache / attention variants alternating in one process")
@@ -152,11 +154,14 @@ def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 10
         torch.cuda.empty_cache()
 
 
-VARIANTS = {"float GEMV": False, "int8 GEMV": True}  # decode variants compared in one process: int8 activations?
+VARIANTS = {  # decode variants compared in one process: what each does to the backend before its runs
+    "rope_qk kernel": lambda be: setattr(be, "qkv_rope", lambda *args, **kwargs: False),
+    "rope in the QKV GEMVs": lambda be: be.__dict__.pop("qkv_rope", None),
+}
 
 
-@section("decode variants (float / int8-activation GEMV), alternating in one process")
-def variants_ab(models: list[tuple[str, Path]], reps: int = 2) -> None:
+@section("decode variants (VARIANTS), alternating in one process")
+def variants_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
     from quanta import gguf
     from quanta.backends.cuda.backend import CUDABackend
     from quanta.models import load_model
@@ -169,14 +174,14 @@ def variants_ab(models: list[tuple[str, Path]], reps: int = 2) -> None:
         rates: dict = {}
         for _ in range(reps):
             for depth in (0, 1024):
-                for label, on in VARIANTS.items():
-                    be.q8 = on
+                for label, apply in VARIANTS.items():
+                    apply(be)
                     be._graphs.clear()
-                    rates.setdefault((depth, label), []).append(decode_rate(be, model, cache, depth, 64))
-        be.q8 = True
+                    rates.setdefault((depth, label), []).append(decode_rate(be, model, cache, depth, 128))
         med = {k: float(np.median(v)) for k, v in rates.items()}
         line = f"{name:22s} decode " + ", ".join(f"{lab} {med[(0, lab)]:.0f}" for lab in VARIANTS) + \
-            " | @1024 " + ", ".join(f"{med[(1024, lab)]:.0f}" for lab in VARIANTS)
+            " | @1024 " + ", ".join(f"{med[(1024, lab)]:.0f} ({100 * med[(1024, lab)] / med[(0, lab)]:.0f}%)"
+                                   for lab in VARIANTS)
         say("  ", line, json.dumps({f"{d} {lab}": [round(x) for x in v] for (d, lab), v in rates.items()}))
         SUMMARY.append(line)
         del model, cache, be
