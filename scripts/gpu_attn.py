@@ -29,8 +29,8 @@ SHAPES = [  # name, heads, kv heads, head dim, window
 F16, F32 = torch.float16, torch.float32
 CONFIGS = {  # name: cache dtype, DecodeScratch keywords: the exact and default modes, then variants
     "exact": (F32, dict(dot="ieee")), "default": (F16, dict(dot="fp16")),
-    "solo 0": (F16, dict(dot="fp16", solo=0)), "c128 p16": (F16, dict(dot="fp16", chunk=128, max_programs=16)),
-    "c64 p64 w4": (F16, dict(dot="fp16", chunk=64, max_programs=64, warps=4)),
+    "tile 32 KB": (F16, dict(dot="fp16", tile_kb=32)), "tile 8 KB": (F16, dict(dot="fp16", tile_kb=8)),
+    "p16": (F16, dict(dot="fp16", max_programs=16)), "tile 32 KB p16": (F16, dict(dot="fp16", tile_kb=32, max_programs=16)),
 }
 START = time.perf_counter()
 BUDGET_S = float(os.environ.get("ATTN_BUDGET_S", "150"))

@@ -240,12 +240,14 @@ class DecodeScratch:
 
     At least ``chunk`` keys per program, and positions up to ``solo`` keys deep in one program (no combine); at
     most ``max_programs`` programs per KV head (deeper positions get longer chunks, so the combine stays short);
-    ``warps`` warps each; ``dot``: how scores and p·V are multiplied (``_dot``). Defaults from the H200 sweeps of
-    scripts/gpu_attn.py: chunk 64 keys at head dim 64, 32 above; on tensor cores, 8 warps and solo 128 at head dim
-    128, 8 warps at 256."""
+    ``warps`` warps each; K and V tiles of ``tile_kb`` KB each; ``dot``: how scores and p·V are multiplied
+    (``_dot``). Defaults from the H200 sweeps of scripts/gpu_attn.py: chunk 64 keys at head dim 64, 32 above; on
+    tensor cores, 8 warps and solo 128 at head dim 128, 8 warps at 256."""
 
     def __init__(self, n_heads: int, n_ctx: int, head_dim: int, device: torch.device, *, chunk: int | None = None,
-                 max_programs: int = 32, warps: int | None = None, solo: int | None = None, dot: str = "ieee"):
+                 max_programs: int = 32, warps: int | None = None, solo: int | None = None, dot: str = "ieee",
+                 tile_kb: int = 16):
+        self.tile_kb = tile_kb
         tensor_cores = dot != "ieee"
         self.chunk = chunk or (64 if head_dim <= 64 else 32)
         self.solo = (128 if tensor_cores and head_dim == 128 else 0) if solo is None else solo
@@ -282,7 +284,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     if n == 1 and scratch is not None:
         group = triton.next_power_of_2(h // hkv)
         bd = max(16, bd)
-        bn = max(16, 16384 // (bd * k_cache.element_size()))  # K and V tiles of 16 KB each
+        bn = max(16, scratch.tile_kb * 1024 // (bd * k_cache.element_size()))  # keys per K (or V) tile
         assert q8 is None or writes_q8(hd)
         qargs = (q8.q, q8.d) if q8 is not None else (out, out)
         nsplit = scratch.m.shape[1]
