@@ -30,8 +30,8 @@ import triton.language as tl
 
 from quanta.backends.cuda import pdl
 from quanta.backends.cuda.qmatmul import _gemv_epilogue, _gemv_tile, gemv_launch
-from quanta.backends.cuda.rope import slot_rows
 from quanta.backends.cuda.repack import PackedWeight
+from quanta.backends.cuda.rope import slot_rows
 
 # tiles per (code width, class) as in qmatmul.GEMV_CONFIG, chosen on the H200 by scripts/gpu_tune.py q8 (GPU journal,
 # session 3 run 1); (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours

@@ -325,7 +325,7 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
 
     ``exact``: the prefill GEMM multiplies in IEEE fp32 instead of bf16. ``xq``: x as int8 (a ``Q8Activation``):
     a quantized weight then takes the int8 GEMV (q8gemv.py) for few rows. ``rope``: one row through a quantized
-    weight whose tile has an even BN (``rope_fits``): its rows are rotated and stored as ``rope`` says."""
+    weight whose GEMV tile has an even BN (``CUDABackend.qkv_rope`` checks): rotated and stored as ``rope`` says."""
     m, k = x.shape
     assert k == w.k and x.stride(1) == 1, (x.shape, w.k)
     if rope is not None:

@@ -142,9 +142,10 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, table: tu
 
 @dataclass
 class RopeStore:
-    """The output side of a decode Q/K/V GEMV that rotates and stores (``CUDABackend.qkv_rope``). Its rows are
-    the Q|K|V rows from ``row0`` on: [0, nq) are rotated into ``q`` (1, nq), [nq, nq + nk) rotated into the K
-    cache and the rest copied into the V cache, at the position in ``positions``."""
+    """The output side of a decode Q/K/V GEMV that rotates and stores (``CUDABackend.qkv_rope``). Its weight holds
+    rows ``row0``, ``row0 + 1``, … of the stacked Q|K|V matrix: rows below ``nq`` are rotated into ``q`` (1, nq),
+    rows in [nq, nq + nk) rotated into the K cache and the rest copied into the V cache, at the position in
+    ``positions``."""
 
     q: torch.Tensor
     cache: tuple[torch.Tensor, torch.Tensor]
