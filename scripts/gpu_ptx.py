@@ -2,6 +2,8 @@
 loads, barriers, and SASS instructions of the main loop (Triton's own ptxas/cuobjdump; no device time).
 
 Usage: PYTHONPATH=src python3 scripts/gpu_ptx.py [--q8] [FORMAT BN BJ WARPS [masked]]   (FORMAT: Q4_K, Q6_K, Q4_0, Q8_0)
+Compile with the Triton the GPU runs (3.6; PyPI's newer versions lay the same kernels out differently, GPU journal
+run 37): ``pip install --no-deps --target /tmp/tr36 triton==3.6.0`` and put /tmp/tr36 first on PYTHONPATH.
 """
 
 from __future__ import annotations
