@@ -31,7 +31,7 @@ import triton.language as tl
 from quanta.backends.cuda import pdl
 from quanta.backends.cuda.qmatmul import _gemv_epilogue, _gemv_tile, gemv_launch
 from quanta.backends.cuda.repack import PackedWeight
-from quanta.backends.cuda.rope import slot_rows
+from quanta.backends.cuda.rope import gemv_rows
 
 # tiles per (code width, class) as in qmatmul.GEMV_CONFIG, chosen on the H200 by scripts/gpu_tune.py q8 (GPU journal,
 # session 3 run 1); (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours
@@ -194,11 +194,8 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_
     the first K step loaded before waiting for the kernel that writes x; its output side, with ROPE too)."""
     UPC: tl.constexpr = BITS // 4
     pdl.allow_next(PDL)
-    pid = tl.program_id(0)
     m = tl.program_id(1)
-    rows = pid * BN + tl.arange(0, BN)
-    if ROPE:
-        rows = slot_rows(rows, ROW0, N2, HD, HALF, NEOX)
+    rows = gemv_rows(BN, ROW0, N2, HD, HALF, ROPE, NEOX)
     rmask = rows < N
     jj = tl.arange(0, BJ)
     NU = K // 32 * UPC

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from quanta.backends.cuda import pdl
 from quanta.backends.cuda.repack import PackedWeight
-from quanta.backends.cuda.rope import RopeStore, rope_store, slot_rows
+from quanta.backends.cuda.rope import RopeStore, gemv_rows, rope_store
 
 GEMV_MAX_ROWS = 4  # up to this many activation rows the weight is streamed once per row (decode)
 # GEMV tiles (BN rows x BJ 16-byte units per program) per code width and matrix class,
@@ -197,11 +197,8 @@ def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, 
     ROPE: a decode Q/K/V projection that rotates and stores into the KV cache (rope.py's ``rope_store``)."""
     UPC: tl.constexpr = BITS // 4
     pdl.allow_next(PDL)
-    pid = tl.program_id(0)
     m = tl.program_id(1)
-    rows = pid * BN + tl.arange(0, BN)
-    if ROPE:
-        rows = slot_rows(rows, ROW0, N2, HD, HALF, NEOX)
+    rows = gemv_rows(BN, ROW0, N2, HD, HALF, ROPE, NEOX)
     rmask = rows < N
     jj = tl.arange(0, BJ)
     NU = K // 32 * UPC

@@ -10,7 +10,7 @@ hd)`` per layer) from registers. Tested against a numpy rotation built from the 
 (tests/backends/cuda/test_ops.py).
 
 In decode the rotation and the KV store can instead run in the epilogue of the Q/K/V GEMVs (``RopeStore``,
-``slot_rows``, ``rope_store``: one launch fewer per layer); tested against the projections followed by ``rope_qk``
+``gemv_rows``, ``rope_store``: one launch fewer per layer); tested against the projections followed by ``rope_qk``
 (tests/backends/cuda/test_rope_fusion.py).
 """
 
@@ -163,22 +163,23 @@ class RopeStore:
 
 
 @triton.jit
-def slot_rows(slots, ROW0, NQK, HD, HALF, NEOX: tl.constexpr):
-    """The rows (from ROW0) a rope GEMV computes in its output slots. Rope rotates pairs, and a program rotates the
-    pairs in its adjacent slots (2i, 2i+1): llama's pairs are adjacent rows; with NEOX, slots 2i and 2i+1 of a
-    Q/K head take its rows i and i + HALF. V rows keep their slots."""
-    if NEOX:
-        g = ROW0 + slots
-        w = g % HD
-        return tl.where(g < NQK, g - w + w // 2 + (w % 2) * HALF, g) - ROW0
-    else:
-        return slots
+def gemv_rows(BN: tl.constexpr, ROW0, NQK, HD, HALF, ROPE: tl.constexpr, NEOX: tl.constexpr):
+    """The BN output rows of a GEMV program (from ROW0 in a rope GEMV): consecutive ones. Rope rotates pairs, and
+    a rope GEMV rotates the pairs in adjacent output slots (2i, 2i+1): llama's pairs are adjacent rows; with NEOX,
+    slots 2i and 2i+1 of a Q/K head take its rows i and i + HALF. V rows keep their slots."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    if ROPE:
+        if NEOX:
+            g = ROW0 + rows
+            w = g % HD
+            rows = tl.where(g < NQK, g - w + w // 2 + (w % 2) * HALF, g) - ROW0
+    return rows
 
 
 @triton.jit
 def rope_store(y, rows, rmask, q_ptr, kc_ptr, vc_ptr, pos_ptr, cos_ptr, sin_ptr, ROW0, NQ, NQK, HD, HALF, NCTX,
                NEOX: tl.constexpr, BN: tl.constexpr):
-    """Epilogue of a rope GEMV (one activation row, BN even, ``y`` in the slot order of ``slot_rows``): rotate
+    """Epilogue of a rope GEMV (one activation row, BN even, ``y`` in the slot order of ``gemv_rows``): rotate
     each pair of adjacent slots, then store the query rows and the key and value rows at the position of the
     caches (``(hk, n_ctx, hd)``, any float type)."""
     pos = tl.load(pos_ptr)
