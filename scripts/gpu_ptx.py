@@ -28,9 +28,9 @@ FORMATS = {  # name: (BITS, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN)
 
 
 def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, pdl: bool = True, q8: bool = False,
-                 rope: str = ""):
+                 rope: str = "", pre2: bool = False):
     """The float GEMV, or (q8) the int8-activation GEMV of q8gemv.py, compiled for sm_90 (rope: "", "llama" or
-    "neox": with the rope epilogue)."""
+    "neox": with the rope epilogue; pre2: the int8 GEMV's first two K steps before the wait)."""
     bits, g, sb, qoff, has_sc, has_min, has_mn = FORMATS[fmt]
     fn = q8m._gemv_q8_kernel if q8 else qm._gemv_kernel
     x_args = {"xq_ptr": "*i32", "xd_ptr": "*fp32"} if q8 else {"x_ptr": "*fp32"}
@@ -41,7 +41,7 @@ def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, p
            "sin_ptr": "*fp32", "ROW0": "i32", "HD": "i32", "HALF": "i32", "NCTX": "i32"}
     consts = dict(BITS=bits, G=g, SB=sb, QOFF=qoff, HAS_SC=has_sc, HAS_MIN=has_min, HAS_MN=has_mn, HAS_RES=False,
                   HAS_BIAS=False, SPLIT=False, ROPE=bool(rope), NEOX=rope == "neox", BN=bn, BJ=bj, MASKED=masked,
-                  **({"EMULATE": False} if q8 else {}), PDL=pdl)
+                  **({"EMULATE": False, "PRE2": pre2} if q8 else {}), PDL=pdl)
     for k in consts:
         sig[k] = "constexpr"
     div = [["tt.divisibility", 16]]

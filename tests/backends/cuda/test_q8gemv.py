@@ -72,11 +72,13 @@ def test_gemv_q8_matches_reference(type_name: str, m: int, device: str) -> None:
     assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.03
 
 
+@pytest.mark.parametrize("pre", [1, 2])
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
-def test_gemv_q8_tiles_and_split_outputs(type_name: str, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Several K steps (the first peeled), whole tiles, and a split epilogue with a bias."""
+def test_gemv_q8_tiles_and_split_outputs(type_name: str, pre: int, device: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several K steps (the first one or two peeled: ``PRE``), whole tiles, and a split epilogue with a bias."""
     for key in list(q8.Q8_CONFIG):
-        monkeypatch.setitem(q8.Q8_CONFIG, key, {"BN": 4, "BJ": 8, "num_warps": 1})
+        monkeypatch.setitem(q8.Q8_CONFIG, key, {"BN": 4, "BJ": 8, "num_warps": 1, "PRE": pre})
     n, k = 16, 1024
     raw = random_raw(type_name, n, k, np.random.default_rng(2))
     ref_w = gguf_reference(raw, type_name, n, k)

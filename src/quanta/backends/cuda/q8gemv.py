@@ -29,21 +29,22 @@ import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
-from quanta.backends.cuda.qmatmul import _gemv_epilogue, _gemv_tile, gemv_launch
+from quanta.backends.cuda.qmatmul import _gemv_epilogue, _gemv_tile, gemv_class, gemv_launch
 from quanta.backends.cuda.repack import PackedWeight
 from quanta.backends.cuda.rope import gemv_rows
 
 # tiles per (code width, class) as in qmatmul.GEMV_CONFIG, chosen on the H200 by scripts/gpu_tune.py q8 (GPU journal,
-# session 3 run 1); (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours
+# session 3 run 1) and in the decode loop (session 6, runs 45-48: "PRE", the K steps loaded before the wait, and
+# the 4-bit "base", "head" and the "long" tiles); (8, "base") has no benchmark shape: a copy of (8, "small")
 Q8_CONFIG = {
-    (4, "small"): {"BN": 1, "BJ": 64, "num_warps": 2},
-    (4, "base"): {"BN": 4, "BJ": 32, "num_warps": 1},
-    (4, "long"): {"BN": 1, "BJ": 64, "num_warps": 2},
-    (4, "head"): {"BN": 4, "BJ": 32, "num_warps": 1},
-    (8, "small"): {"BN": 2, "BJ": 128, "num_warps": 4},
-    (8, "base"): {"BN": 2, "BJ": 128, "num_warps": 4},
-    (8, "long"): {"BN": 1, "BJ": 64, "num_warps": 2},
-    (8, "head"): {"BN": 2, "BJ": 32, "num_warps": 1},
+    (4, "small"): {"BN": 1, "BJ": 64, "num_warps": 2, "PRE": 2},
+    (4, "base"): {"BN": 4, "BJ": 64, "num_warps": 1, "PRE": 2},
+    (4, "long"): {"BN": 1, "BJ": 256, "num_warps": 4, "PRE": 2},
+    (4, "head"): {"BN": 4, "BJ": 64, "num_warps": 1, "PRE": 2},
+    (8, "small"): {"BN": 2, "BJ": 128, "num_warps": 4, "PRE": 2},
+    (8, "base"): {"BN": 2, "BJ": 128, "num_warps": 4, "PRE": 2},
+    (8, "long"): {"BN": 1, "BJ": 256, "num_warps": 4, "PRE": 2},
+    (8, "head"): {"BN": 2, "BJ": 32, "num_warps": 1, "PRE": 2},
 }
 
 
@@ -189,9 +190,10 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_
                     HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
                     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr,
                     BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, EMULATE: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PRE2: tl.constexpr, PDL: tl.constexpr):
     """One program: BN output features of one activation row (the float GEMV's tiling: [BN, BJ, 4] code words,
-    the first K step loaded before waiting for the kernel that writes x; its output side, with ROPE too)."""
+    the first K step (PRE2: the first two) loaded before waiting for the kernel that writes x; its output side,
+    with ROPE too)."""
     UPC: tl.constexpr = BITS // 4
     pdl.allow_next(PDL)
     m = tl.program_id(1)
@@ -206,10 +208,16 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_
     qrow = q_ptr + rows[:, None, None] * QW
     words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU, NG, NSB,
                                        UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
+    if PRE2:  # the second K step too, before waiting
+        words2, t0, n0, t1, n1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, BJ + jj, NU, NG, NSB,
+                                            UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
     pdl.wait_prev(PDL)
     acc = _q8_step(tl.zeros([BN, BJ], dtype=tl.float32), words, s0, m0, s1, m1, xq_row, xd_row, jj, NU,
                    BITS, G, QOFF, HAS_MIN, MASKED, EMULATE)
-    for j0 in range(BJ, NU, BJ):
+    if PRE2:
+        acc = _q8_step(acc, words2, t0, n0, t1, n1, xq_row, xd_row, BJ + jj, NU, BITS, G, QOFF, HAS_MIN, MASKED,
+                       EMULATE)
+    for j0 in range((1 + PRE2) * BJ, NU, BJ):
         j = j0 + jj
         words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB,
                                            UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
@@ -223,7 +231,9 @@ def gemv_q8(xq: Q8Activation, w: PackedWeight, planes: tuple[torch.Tensor, ...],
     scale planes ``planes`` and the output side ``ep`` (qmatmul's epilogue)."""
     m, k = xq.q.shape
     bn, kw = gemv_launch(Q8_CONFIG, w)
+    cfg = Q8_CONFIG[(kw["BITS"], gemv_class(w.n, w.k))]
+    pre2 = cfg.get("PRE", 1) == 2 and w.k // 32 * (kw["BITS"] // 4) > kw["BJ"]  # "PRE": K steps before the wait
     words = w.q.view(torch.int32)
     _gemv_q8_kernel[(triton.cdiv(w.n, bn), m)](
         xq.q.view(torch.int32), xq.d, words, *planes, *ep.args(), w.n, *ep.bounds, k, words.stride(0),
-        ep.out.stride(0), *ep.gemv_args(), EMULATE=xq.q.device.type != "cuda", **ep.gemv_flags(), **kw)
+        ep.out.stride(0), *ep.gemv_args(), EMULATE=xq.q.device.type != "cuda", PRE2=pre2, **ep.gemv_flags(), **kw)
