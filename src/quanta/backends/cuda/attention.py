@@ -105,11 +105,37 @@ def _dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD, FRESH: tl.constexpr):
+    """The K and V rows ``p`` ([BN] positions; masked outside [lo, pos]) as [BN, BD] tiles. FRESH: rows the kernel
+    before this one may just have written (read past L1, which may still hold what this program read before)."""
+    valid = (p <= pos) & (p >= lo)
+    kvmask = valid[:, None] & dmask[None, :]
+    offs = p[:, None] * HD + d[None, :]
+    if FRESH:
+        return (tl.load(kbase + offs, mask=kvmask, other=0.0, cache_modifier=".cg"),
+                tl.load(vbase + offs, mask=kvmask, other=0.0, cache_modifier=".cg"))
+    return tl.load(kbase + offs, mask=kvmask, other=0.0), tl.load(vbase + offs, mask=kvmask, other=0.0)
+
+
+@triton.jit
+def _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP: tl.constexpr, DOT: tl.constexpr):
+    """One online-softmax step of q against the K/V tile of positions ``p`` (scores in log2 units)."""
+    s = _dot(q, tl.trans(k), DOT)
+    if SOFTCAP:
+        s = (softcap * _LOG2E) * _tanh(s / softcap)
+    s = tl.where(((p <= pos) & (p >= lo))[None, :], s, _NEG)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # every tile holds a visible key, so m_new > _NEG
+    alpha = tl.exp2(m_i - m_new)
+    pexp = tl.exp2(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(pexp, axis=1), acc * alpha[:, None] + _dot(pexp, v, DOT)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV,
                    HD, NCTX, NSPLIT, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
                    G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr, SOLO: tl.constexpr, BN: tl.constexpr,
-                   NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr, DOT: tl.constexpr,
-                   NEXT: tl.constexpr):
+                   NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, SKIP: tl.constexpr, Q8: tl.constexpr,
+                   DOT: tl.constexpr, PDL: tl.constexpr):
     """Program (hk, c): the G query heads of KV head ``hk`` (G = the group rounded up to a power of two, and to 16
     for tensor-core dots) against chunk c of the visible keys, in BN-key tiles.
 
@@ -118,9 +144,13 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr
     which writes the output directly (no partials, no ticket); deeper ones spread over up to NPROG programs, whose
     partials the last to draw a ticket combines (GC: the group rounded up to a power of two). Scores are kept in
     log2 units (scale * log2(e) folded into q) so the softmax uses exp2; the partial maxima are stored in natural
-    units for ``_combine_splits``. Programs past ``nlive`` exit at once. NEXT: let the next kernel (the output
-    projection, launched with PDL) start loading its weights while this one runs."""
-    pdl.allow_next(NEXT)
+    units for ``_combine_splits``. Programs past ``nlive`` exit at once.
+
+    PDL: the next kernel (the output projection) may launch at once and load its weights while this one runs; and
+    this one, launched early, loads the position and its chunk's first K/V tile before it waits for the Q/K/V
+    projection: keys before ``pos`` come from earlier decode steps (finished: the host has read their token), so
+    only the tile holding ``pos`` (the key the projection just stored) is read again after the wait; q too."""
+    pdl.allow_next(PDL)
     hk = tl.program_id(0)
     c = tl.program_id(1)
     group = H // HKV
@@ -129,9 +159,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr
     h = hk * group + gi
     d = tl.arange(0, BD)
     dmask = d < HD
-    # q does not depend on the position: its load is in flight with pos's
-    q = tl.load(q_ptr + h[:, None] * HD + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
-    pos = tl.load(pos_ptr)
+    pos = tl.load(pos_ptr)  # written by the host before the step: safe before waiting
     lo = 0
     if WINDOW:
         lo = tl.maximum(pos - window + 1, 0)
@@ -141,33 +169,28 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr
         per = tiles
     nlive = tl.cdiv(tiles, per)
     if c < nlive:
+        start = (lo // BN + c * per) * BN
+        end = tl.minimum(start + per * BN, pos + 1)
+        kbase = kc_ptr + hk * NCTX * HD
+        vbase = vc_ptr + hk * NCTX * HD
+        m_i = tl.full([G], _NEG, dtype=tl.float32)
+        l_i = tl.zeros([G], dtype=tl.float32)
+        acc = tl.zeros([G, BD], dtype=tl.float32)
+        p = start + tl.arange(0, BN)
+        k, v = _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD, False)
+        pdl.wait_prev(PDL)
+        if start + BN > pos:
+            k, v = _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD, True)
+        q = tl.load(q_ptr + h[:, None] * HD + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
         if SOFTCAP:
             q = q * scale
         else:
             q = q * (scale * _LOG2E)
-        start = (lo // BN + c * per) * BN
-        end = tl.minimum(start + per * BN, pos + 1)
-        m_i = tl.full([G], _NEG, dtype=tl.float32)
-        l_i = tl.zeros([G], dtype=tl.float32)
-        acc = tl.zeros([G, BD], dtype=tl.float32)
-        kbase = kc_ptr + hk * NCTX * HD
-        vbase = vc_ptr + hk * NCTX * HD
-        for b in range(start, end, BN):  # every tile holds a visible key, so m_new > _NEG below
+        m_i, l_i, acc = _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP, DOT)
+        for b in range(start + BN, end, BN):
             p = b + tl.arange(0, BN)
-            valid = (p <= pos) & (p >= lo)
-            kvmask = valid[:, None] & dmask[None, :]
-            k = tl.load(kbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
-            v = tl.load(vbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
-            s = _dot(q, tl.trans(k), DOT)
-            if SOFTCAP:
-                s = (softcap * _LOG2E) * _tanh(s / softcap)
-            s = tl.where(valid[None, :], s, _NEG)
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            pexp = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(pexp, axis=1)
-            acc = acc * alpha[:, None] + _dot(pexp, v, DOT)
-            m_i = m_new
+            k, v = _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD, False)
+            m_i, l_i, acc = _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP, DOT)
         if nlive == 1:
             _store_out(acc / l_i[:, None], o_ptr, oq_ptr, od_ptr, hk * group, group, HD, G, BD, Q8)
         else:
@@ -181,17 +204,18 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr
             if ticket == nlive - 1:
                 tl.store(cnt_ptr + hk, 0)
                 _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, hk * group, group, nlive - 1, HD,
-                                NSPLIT, GC, NS, BS, BD, Q8)
+                                NSPLIT, GC, NS, BS, BD, SKIP, Q8)
 
 
 @triton.jit
 def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, last, HD, NSPLIT,
-                    GG: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
+                    GG: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, SKIP: tl.constexpr,
+                    Q8: tl.constexpr):
     """Heads [h0, h0 + group): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over splits [0, last].
 
-    M (the maximum of the partial maxima) comes first, so the NS / BS steps of the sum are independent: unrolled,
-    their loads are all in flight together instead of one round trip per step. The partials come from other
-    programs of this launch: loads bypass L1 (``.cg``), which is not coherent."""
+    M (the maximum of the partial maxima) comes first, so the NS / BS steps of the sum are independent (unrolled);
+    SKIP: steps past the live splits are skipped (a runtime branch). The partials come from other programs of this
+    launch: loads bypass L1 (``.cg``), which is not coherent."""
     g = tl.arange(0, GG)
     h = h0 + g
     hmask = g < group
@@ -201,20 +225,31 @@ def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, la
     mask = hmask[:, None] & (s <= last)[None, :]
     m_max = tl.max(tl.load(pm_ptr + h[:, None] * NSPLIT + s[None, :], mask=mask, other=_NEG, cache_modifier=".cg"),
                    axis=1)
-    l_sum = tl.zeros([GG], dtype=tl.float32)
-    acc = tl.zeros([GG, BD], dtype=tl.float32)
-    for s0 in tl.static_range(0, NS, BS):
-        sb = s0 + tl.arange(0, BS)
-        mask = hmask[:, None] & (sb <= last)[None, :]
-        idx = h[:, None] * NSPLIT + sb[None, :]
-        m = tl.load(pm_ptr + idx, mask=mask, other=_NEG, cache_modifier=".cg")
-        l = tl.load(pl_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
-        o = tl.load(po_ptr + idx[:, :, None] * BD + d[None, None, :], mask=mask[:, :, None] & dmask[None, None, :],
-                    other=0.0, cache_modifier=".cg")
-        w = tl.where(mask, tl.exp(m - m_max[:, None]), 0.0)
-        l_sum += tl.sum(w * l, axis=1)
-        acc += tl.sum(w[:, :, None] * o, axis=1)
+    l_sum, acc = _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, 0, NSPLIT, BS, BD)
+    for s0 in tl.static_range(BS, NS, BS):
+        live = True  # SKIP: a step past the live splits is skipped, not run with every load masked
+        if SKIP:
+            live = s0 <= last
+        if live:
+            dl, da = _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, s0, NSPLIT, BS, BD)
+            l_sum += dl
+            acc += da
     _store_out(acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None], o_ptr, oq_ptr, od_ptr, h0, group, HD, GG, BD, Q8)
+
+
+@triton.jit
+def _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, s0, NSPLIT, BS: tl.constexpr,
+                  BD: tl.constexpr):
+    """Splits s0 .. s0+BS-1 of the combine: their sum of e^(m_s - M) l_s ([GG]) and of e^(m_s - M) acc_s ([GG, BD])."""
+    sb = s0 + tl.arange(0, BS)
+    mask = hmask[:, None] & (sb <= last)[None, :]
+    idx = h[:, None] * NSPLIT + sb[None, :]
+    m = tl.load(pm_ptr + idx, mask=mask, other=_NEG, cache_modifier=".cg")
+    ls = tl.load(pl_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
+    o = tl.load(po_ptr + idx[:, :, None] * BD + d[None, None, :], mask=mask[:, :, None] & dmask[None, None, :],
+                other=0.0, cache_modifier=".cg")
+    w = tl.where(mask, tl.exp(m - m_max[:, None]), 0.0)
+    return tl.sum(w * ls, axis=1), tl.sum(w[:, :, None] * o, axis=1)
 
 
 @triton.jit
@@ -252,6 +287,9 @@ class DecodeScratch:
         self.chunk = chunk or (64 if head_dim <= 64 else 32)
         self.solo = (128 if tensor_cores and head_dim == 128 else 0) if solo is None else solo
         self.warps = warps or (8 if tensor_cores and head_dim > 64 else 4)
+        # the combine skips its dead steps with 4 warps; at 8 (head dim 128) the branch cut the kernel from 171 to
+        # 128 registers and decode at depth 1,024 lost 10% (GPU journal, run 48)
+        self.skip = self.warps == 4
         self.dot = dot
         self.nprog = min(triton.cdiv(n_ctx, self.chunk), max_programs)
         bd = max(16, triton.next_power_of_2(head_dim))
@@ -295,8 +333,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
             q, k_cache, v_cache, positions, out, *qargs, scratch.o, scratch.m, scratch.l, scratch.count, h, hkv, hd,
             n_ctx, nsplit, scratch.nprog, scale, softcap or 1.0, window,
             G=group if scratch.dot == "ieee" else max(16, group), GC=group, MINB=max(1, scratch.chunk // bn),
-            SOLO=scratch.solo // bn, BN=bn, NS=ns, BS=bs, BD=bd, Q8=q8 is not None, DOT=scratch.dot,
-            NEXT=pdl.launch()["PDL"], num_warps=scratch.warps, num_stages=2, **flags)
+            SOLO=scratch.solo // bn, BN=bn, NS=ns, BS=bs, BD=bd, SKIP=scratch.skip, Q8=q8 is not None,
+            DOT=scratch.dot, num_warps=scratch.warps, num_stages=2, **pdl.launch(), **flags)
         return out
     # fp32 tiles: wide heads (gemma's 256) get smaller tiles and a 2-deep pipeline to fit shared memory
     bm = 16 if n <= 16 else 64 if bd <= 128 else 32

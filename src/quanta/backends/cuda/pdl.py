@@ -4,9 +4,9 @@ Decode launches ~10 small kernels per layer; each pays a launch, a ramp-up and a
 byte arrives. With PDL every kernel first lets the next one launch (``allow_next``), and the next one loads what
 no earlier kernel writes (weights, norm weights) before it waits for its predecessor (``wait_prev``): the weight
 stream of one kernel overlaps the tail of the last. Every kernel launched with PDL must call ``wait_prev`` before
-it reads or writes any activation, cache or scratch memory. A kernel launched without PDL (the decode attention)
-simply waits for everything before it; it still calls ``allow_next``, so the output projection after it loads its
-weights while the attention runs. Off under the Triton interpreter and before sm_90, and with ``QUANTA_PDL=0``.
+it reads or writes any activation, cache or scratch memory; the one exception is the decode attention, which
+reads the K/V rows of earlier decode steps before it waits (attention.py's ``_decode_kernel``). Off under the
+Triton interpreter and before sm_90, and with ``QUANTA_PDL=0``.
 """
 
 from __future__ import annotations

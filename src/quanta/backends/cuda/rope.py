@@ -86,7 +86,8 @@ def _head_block(heads: int, bd: int) -> int:
     return min(triton.next_power_of_2(heads), max(1, 256 // bd))
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor], neox: bool) -> torch.Tensor:
+def rope(x: torch.Tensor, positions: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor],
+         neox: bool) -> torch.Tensor:
     """Rotate the first ``2 * table_width`` dims of every head of ``x`` (n, heads, hd) in place."""
     n, h, hd = x.shape
     assert x.is_contiguous()
