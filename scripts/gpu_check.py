@@ -93,6 +93,20 @@ def kernel_checks(rows: tuple[int, ...] = (1, 3, 77)) -> None:
         ids = torch.tensor([0, 999, 17], dtype=torch.int32, device="cuda")
         e = embed(w, ids)
         worst[f"{t} embed"] = ((e.double() - wd[ids.long()]).abs().max() / wd.abs().max()).item()
+    from quanta.backends.cuda.q8gemv import quantize
+    from quanta.backends.cuda.qmatmul import gemv_class
+
+    for t in ("Q4_K", "Q6_K", "Q4_0"):  # the int8 GEMV in every tile class of Q8_CONFIG (n=1000 above is "small")
+        for n, k in ((2048, 2048), (2048, 5632), (16384, 2048)):
+            w = repack(torch.from_numpy(random_raw(t, n, k, rng)).cuda(), t, (n, k))
+            x = torch.randn(1, k, device="cuda")
+            xq = quantize(x)
+            xd = (xq.q.view(1, k // 32, 8, 4).transpose(2, 3).reshape(1, k // 32, 32).double()
+                  * xq.d.double()[..., None]).reshape(1, k)
+            y = torch.full((1, n), float("nan"), device="cuda")
+            qmatmul(x, w, out=y, xq=xq)
+            ref = xd @ dequantize_packed(w).double().T
+            worst[f"{t} {gemv_class(n, k)} int8"] = ((y.double() - ref).norm() / ref.norm()).item()
     bad = {k: v for k, v in worst.items() if not (v < (2e-3 if ("m=77" in k or "m=300" in k) and "ieee" not in k
                                                        else 1e-5))}
     for k, v in worst.items():

@@ -154,9 +154,28 @@ def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 10
         torch.cuda.empty_cache()
 
 
+def _decode_config(tiles: dict | None = None, **scratch):
+    """A variant's setup: int8 GEMV tile overrides (on the shipped table) and decode-attention settings
+    (``DecodeScratch`` keywords); applied to the backend (its attention scratch is remade, and variants_ab its
+    graphs)."""
+    def apply(be) -> None:
+        from quanta.backends.cuda import attention, q8gemv
+
+        defaults = attention.DecodeScratch.__init__.__kwdefaults__
+        if not SHIPPED:  # the settings before the first variant changed them
+            SHIPPED.update(scratch=dict(defaults), tiles={key: dict(cfg) for key, cfg in q8gemv.Q8_CONFIG.items()})
+        defaults.update({**SHIPPED["scratch"], **scratch})
+        be._decode_scratch.clear()
+        for key, cfg in SHIPPED["tiles"].items():
+            q8gemv.Q8_CONFIG[key] = {**cfg, **(tiles or {}).get(key, {})}
+    return apply
+
+
+SHIPPED: dict = {}  # DecodeScratch's keyword defaults and the int8 GEMV's tiles as shipped
+Q8_KEYS = [(bits, c) for bits in (4, 8) for c in ("small", "base", "long", "head")]
 VARIANTS = {  # decode variants compared in one process: what each does to the backend before its runs
-    "rope_qk kernel": lambda be: setattr(be, "qkv_rope", lambda *args, **kwargs: False),
-    "rope in the QKV GEMVs": lambda be: be.__dict__.pop("qkv_rope", None),
+    "shipped": _decode_config(),
+    "one K step before the wait": _decode_config({key: {"PRE": 1} for key in Q8_KEYS}),
 }
 
 
