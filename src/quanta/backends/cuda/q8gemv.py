@@ -29,9 +29,8 @@ import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
-from quanta.backends.cuda.qmatmul import _gemv_epilogue, _gemv_tile, gemv_class, gemv_launch
+from quanta.backends.cuda.qmatmul import _gemv_epilogue, _gemv_program, _gemv_tile, gemv_class, gemv_launch
 from quanta.backends.cuda.repack import PackedWeight
-from quanta.backends.cuda.rope import gemv_rows
 
 # tiles per (code width, class) as in qmatmul.GEMV_CONFIG, chosen on the H200 by scripts/gpu_tune.py q8 (GPU journal,
 # session 3 run 1) and in the decode loop (session 6, runs 45-48: "PRE", the K steps loaded before the wait, and
@@ -195,14 +194,7 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_
     the first K step (PRE2: the first two) loaded before waiting for the kernel that writes x; its output side,
     with ROPE too)."""
     UPC: tl.constexpr = BITS // 4
-    pdl.allow_next(PDL)
-    m = tl.program_id(1)
-    rows = gemv_rows(BN, ROW0, N2, HD, HALF, ROPE, NEOX)
-    rmask = rows < N
-    jj = tl.arange(0, BJ)
-    NU = K // 32 * UPC
-    NG = K // G
-    NSB = K // SB
+    m, rows, rmask, jj, NU, NG, NSB = _gemv_program(N, K, N2, ROW0, HD, HALF, UPC, G, SB, ROPE, NEOX, BN, BJ, PDL)
     xq_row = xq_ptr + m * (K // 4)
     xd_row = xd_ptr + m * (K // 32)
     qrow = q_ptr + rows[:, None, None] * QW

@@ -106,6 +106,16 @@ def _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, g, gmask, NG, NSB
 
 
 @triton.jit
+def _gemv_program(N, K, N2, ROW0, HD, HALF, UPC: tl.constexpr, G: tl.constexpr, SB: tl.constexpr,
+                  ROPE: tl.constexpr, NEOX: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, PDL: tl.constexpr):
+    """The GEMVs' first lines: let the next kernel launch (PDL); then this program's activation row, its output
+    rows and their mask, the unit offsets of a K step, and the units, groups and super-blocks per weight row."""
+    pdl.allow_next(PDL)
+    rows = gemv_rows(BN, ROW0, N2, HD, HALF, ROPE, NEOX)
+    return tl.program_id(1), rows, rows < N, tl.arange(0, BJ), K // 32 * UPC, K // G, K // SB
+
+
+@triton.jit
 def _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB, UPC: tl.constexpr,
                G: tl.constexpr, SB: tl.constexpr, HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr,
                HAS_MN: tl.constexpr, MASKED: tl.constexpr):
@@ -196,14 +206,7 @@ def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, 
     kernel (PDL): most decode matrices are one or two steps long, so their weights stream during its tail.
     ROPE: a decode Q/K/V projection that rotates and stores into the KV cache (rope.py's ``rope_store``)."""
     UPC: tl.constexpr = BITS // 4
-    pdl.allow_next(PDL)
-    m = tl.program_id(1)
-    rows = gemv_rows(BN, ROW0, N2, HD, HALF, ROPE, NEOX)
-    rmask = rows < N
-    jj = tl.arange(0, BJ)
-    NU = K // 32 * UPC
-    NG = K // G
-    NSB = K // SB
+    m, rows, rmask, jj, NU, NG, NSB = _gemv_program(N, K, N2, ROW0, HD, HALF, UPC, G, SB, ROPE, NEOX, BN, BJ, PDL)
     xrow = x_ptr + m * stride_x
     qrow = q_ptr + rows[:, None, None] * QW
     words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU, NG, NSB,
