@@ -17,6 +17,7 @@ import torch
 from gpu_timing import graph_seconds
 
 from quanta.backends.cuda import attention as A
+from quanta.backends.cuda import flash_decode as FD
 
 N_CTX = 8192
 LAYERS = 20
@@ -65,12 +66,12 @@ class Case:
         self.q = torch.randn(1, h, hd, device=dev)
         self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
         self.out = torch.empty(1, h * hd, device=dev)
-        self.scratches: dict[str, A.DecodeScratch] = {}
+        self.scratches: dict[str, FD.DecodeScratch] = {}
 
     def run(self, layer: int, cfg: str) -> torch.Tensor:
         dtype, kw = CONFIGS[cfg]
         if cfg not in self.scratches:
-            self.scratches[cfg] = A.DecodeScratch(self.h, N_CTX, self.hd, torch.device("cuda"), **kw)
+            self.scratches[cfg] = FD.DecodeScratch(self.h, N_CTX, self.hd, torch.device("cuda"), **kw)
         kc, vc = self.caches[dtype][layer]
         return A.attention(self.q, kc, vc, self.pos, scale=self.scale, window=self.window, out=self.out,
                            scratch=self.scratches[cfg])

@@ -25,8 +25,8 @@ from gpu_speed import bench, depth_sweep, first_token, prefill_profile, tune, va
 
 
 @section("pytest tests/backends/cuda on the GPU (tests needing gguf-py skip where it is missing)")
-def gpu_tests(timeout_s: int = 420) -> None:
-    cmd = [sys.executable, "-m", "pytest", "tests/backends/cuda", "-q", "-p", "no:cacheprovider", "-rfs"]
+def gpu_tests(timeout_s: int = 420, path: str = "tests/backends/cuda") -> None:
+    cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", "-rfs"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         out = p.stdout + p.stderr
@@ -244,6 +244,8 @@ def main() -> None:
     bw = bandwidth() or 4.3e12
     if "tests" in only:
         gpu_tests()
+    if "attntests" in only:  # the attention tests alone (quick)
+        gpu_tests(path="tests/backends/cuda/test_attention.py")
     if "kernels" in only:
         kernel_checks((1,) if args.quick else (1, 3, 77))
     if "depth" in only:

@@ -159,9 +159,9 @@ def _decode_config(tiles: dict | None = None, **scratch):
     (``DecodeScratch`` keywords); applied to the backend (its attention scratch is remade, and variants_ab its
     graphs)."""
     def apply(be) -> None:
-        from quanta.backends.cuda import attention, q8gemv
+        from quanta.backends.cuda import flash_decode, q8gemv
 
-        defaults = attention.DecodeScratch.__init__.__kwdefaults__
+        defaults = flash_decode.DecodeScratch.__init__.__kwdefaults__
         if not SHIPPED:  # the settings before the first variant changed them
             SHIPPED.update(scratch=dict(defaults), tiles={key: dict(cfg) for key, cfg in q8gemv.Q8_CONFIG.items()})
         defaults.update({**SHIPPED["scratch"], **scratch})
@@ -172,10 +172,9 @@ def _decode_config(tiles: dict | None = None, **scratch):
 
 
 SHIPPED: dict = {}  # DecodeScratch's keyword defaults and the int8 GEMV's tiles as shipped
-Q8_KEYS = [(bits, c) for bits in (4, 8) for c in ("small", "base", "long", "head")]
 VARIANTS = {  # decode variants compared in one process: what each does to the backend before its runs
     "shipped": _decode_config(),
-    "one K step before the wait": _decode_config({key: {"PRE": 1} for key in Q8_KEYS}),
+    "16 programs": _decode_config(max_programs=16),
 }
 
 

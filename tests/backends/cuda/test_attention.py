@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from quanta.backends.cuda.attention import DecodeScratch, attention, write_kv
+from quanta.backends.cuda.attention import attention, write_kv
+from quanta.backends.cuda.flash_decode import DecodeScratch
 
 
 def reference(q, k_cache, v_cache, pos, scale, window, softcap):
@@ -136,10 +137,11 @@ def test_decode_on_tensor_cores_and_fp16_cache(heads: int, kv_heads: int, hd: in
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and concurrent programs need the GPU")
-def test_one_launch_decode_in_a_cuda_graph(device: str) -> None:
+@pytest.mark.parametrize("heads, kv_heads, hd", [(32, 4, 64), (12, 2, 128)])
+def test_one_launch_decode_in_a_cuda_graph(heads: int, kv_heads: int, hd: int, device: str) -> None:
     """On the GPU the split programs run concurrently and in any order: the ticket must still elect exactly one
     combiner per KV head, see every partial, and leave the counters at zero, replay after replay."""
-    heads, kv_heads, hd, n_ctx = 32, 4, 64, 1024
+    n_ctx = 1024
     rng = np.random.default_rng(7)
     k_cache, v_cache, q = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(device)
                            for s in ((kv_heads, n_ctx, hd), (kv_heads, n_ctx, hd), (1, heads, hd)))

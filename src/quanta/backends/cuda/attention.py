@@ -1,14 +1,10 @@
-"""Causal attention over the KV cache: flash attention for prefill, split-KV flash-decoding for one token.
+"""Causal attention over the KV cache: flash attention for prefill; one token goes to flash_decode.py.
 
 Cache layout: per layer, K and V of ``(n_kv_heads, n_ctx, head_dim)``, float32 (exact against the CPU backend) or
 float16 (the default mode: half the bytes per key, read by fp16 tensor-core dots in decode).
 Positions are read from device memory, so a captured decode step replays at any position. Query i sees cached
 positions p with ``p <= pos_i`` and, with a sliding window w > 0, ``p > pos_i - w``. GQA: query head h reads KV
-head ``h // (H / HKV)``; the decode kernel processes all query heads of one KV head together so each K/V tile is
-loaded once. Scores: ``q·k * scale``, then ``softcap * tanh(s / softcap)`` when softcap > 0. Decode is one
-launch over a fixed grid of chunk programs per KV head: a position up to one chunk deep is one program per KV head
-that writes the output itself; deeper, every live chunk stores its partial softmax, and the last one of each KV
-head to finish (an atomic ticket counter in ``DecodeScratch``) combines them.
+head ``h // (H / HKV)``. Scores: ``q·k * scale``, then ``softcap * tanh(s / softcap)`` when softcap > 0.
 
 Tested under TRITON_INTERPRET=1 against a float64 numpy softmax attention (tests/backends/cuda/test_attention.py).
 """
@@ -19,14 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-
-from quanta.backends.cuda import pdl
+from quanta.backends.cuda import flash_decode
 from quanta.backends.cuda.activation import _tanh
-from quanta.backends.cuda.q8gemv import Q8Activation, store_q8
-
-_NEG = tl.constexpr(-1.0e30)  # a finite "minus infinity": keeps exp(m_old - m_new) free of inf - inf
-_LOG2E = tl.constexpr(1.4426950408889634)
-_LN2 = tl.constexpr(0.6931471805599453)
+from quanta.backends.cuda.flash_decode import _NEG, DecodeScratch
+from quanta.backends.cuda.q8gemv import Q8Activation
 
 
 @triton.jit
@@ -94,211 +86,6 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, N, H, HKV, HD, NCTX, 
     tl.store(o_ptr + rows[:, None] * (H * HD) + h * HD + d[None, :], out, mask=rmask[:, None] & dmask[None, :])
 
 
-@triton.jit
-def _dot(a, b, DOT: tl.constexpr):
-    """a @ b accumulated in fp32: "ieee" on the FMA units (exact fp32), "tf32" or "fp16" on the tensor cores (both
-    round the operands to 10-bit mantissas; "fp16" reads an fp16 cache without a conversion)."""
-    if DOT == "fp16":
-        return tl.dot(a.to(tl.float16), b.to(tl.float16))
-    else:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT)
-
-
-@triton.jit
-def _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD, FRESH: tl.constexpr):
-    """The K and V rows ``p`` ([BN] positions; masked outside [lo, pos]) as [BN, BD] tiles. FRESH: rows the kernel
-    before this one may just have written (read past L1, which may still hold what this program read before)."""
-    valid = (p <= pos) & (p >= lo)
-    kvmask = valid[:, None] & dmask[None, :]
-    offs = p[:, None] * HD + d[None, :]
-    if FRESH:
-        return (tl.load(kbase + offs, mask=kvmask, other=0.0, cache_modifier=".cg"),
-                tl.load(vbase + offs, mask=kvmask, other=0.0, cache_modifier=".cg"))
-    return tl.load(kbase + offs, mask=kvmask, other=0.0), tl.load(vbase + offs, mask=kvmask, other=0.0)
-
-
-@triton.jit
-def _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP: tl.constexpr, DOT: tl.constexpr):
-    """One online-softmax step of q against the K/V tile of positions ``p`` (scores in log2 units)."""
-    s = _dot(q, tl.trans(k), DOT)
-    if SOFTCAP:
-        s = (softcap * _LOG2E) * _tanh(s / softcap)
-    s = tl.where(((p <= pos) & (p >= lo))[None, :], s, _NEG)
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # every tile holds a visible key, so m_new > _NEG
-    alpha = tl.exp2(m_i - m_new)
-    pexp = tl.exp2(s - m_new[:, None])
-    return m_new, l_i * alpha + tl.sum(pexp, axis=1), acc * alpha[:, None] + _dot(pexp, v, DOT)
-
-
-@triton.jit
-def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV,
-                   HD, NCTX, NSPLIT, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
-                   G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr, SOLO: tl.constexpr, BN: tl.constexpr,
-                   NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, SKIP: tl.constexpr, Q8: tl.constexpr,
-                   DOT: tl.constexpr, PDL: tl.constexpr):
-    """Program (hk, c): the G query heads of KV head ``hk`` (G = the group rounded up to a power of two, and to 16
-    for tensor-core dots) against chunk c of the visible keys, in BN-key tiles.
-
-    The visible keys [lo, pos] (lo > 0 only with a window) are cut into ``nlive`` chunks of ``per`` tiles, per =
-    max(MINB, ceil(tiles / NPROG)), or all of them up to SOLO tiles: shallow positions get one chunk per KV head,
-    which writes the output directly (no partials, no ticket); deeper ones spread over up to NPROG programs, whose
-    partials the last to draw a ticket combines (GC: the group rounded up to a power of two). Scores are kept in
-    log2 units (scale * log2(e) folded into q) so the softmax uses exp2; the partial maxima are stored in natural
-    units for ``_combine_splits``. Programs past ``nlive`` exit at once.
-
-    PDL: the next kernel (the output projection) may launch at once and load its weights while this one runs; and
-    this one, launched early, loads the position and its chunk's first K/V tile before it waits for the Q/K/V
-    projection: keys before ``pos`` come from earlier decode steps (finished: the host has read their token), so
-    only the tile holding ``pos`` (the key the projection just stored) is read again after the wait; q too."""
-    pdl.allow_next(PDL)
-    hk = tl.program_id(0)
-    c = tl.program_id(1)
-    group = H // HKV
-    gi = tl.arange(0, G)
-    gmask = gi < group
-    h = hk * group + gi
-    d = tl.arange(0, BD)
-    dmask = d < HD
-    pos = tl.load(pos_ptr)  # written by the host before the step: safe before waiting
-    lo = 0
-    if WINDOW:
-        lo = tl.maximum(pos - window + 1, 0)
-    tiles = pos // BN + 1 - lo // BN
-    per = tl.maximum(MINB, tl.cdiv(tiles, NPROG))
-    if tiles <= SOLO:
-        per = tiles
-    nlive = tl.cdiv(tiles, per)
-    if c < nlive:
-        start = (lo // BN + c * per) * BN
-        end = tl.minimum(start + per * BN, pos + 1)
-        kbase = kc_ptr + hk * NCTX * HD
-        vbase = vc_ptr + hk * NCTX * HD
-        m_i = tl.full([G], _NEG, dtype=tl.float32)
-        l_i = tl.zeros([G], dtype=tl.float32)
-        acc = tl.zeros([G, BD], dtype=tl.float32)
-        p = start + tl.arange(0, BN)
-        k, v = _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD, False)
-        pdl.wait_prev(PDL)
-        if start + BN > pos:
-            k, v = _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD, True)
-        q = tl.load(q_ptr + h[:, None] * HD + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
-        if SOFTCAP:
-            q = q * scale
-        else:
-            q = q * (scale * _LOG2E)
-        m_i, l_i, acc = _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP, DOT)
-        for b in range(start + BN, end, BN):
-            p = b + tl.arange(0, BN)
-            k, v = _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD, False)
-            m_i, l_i, acc = _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP, DOT)
-        if nlive == 1:
-            _store_out(acc / l_i[:, None], o_ptr, oq_ptr, od_ptr, hk * group, group, HD, G, BD, Q8)
-        else:
-            tl.store(pm_ptr + h * NSPLIT + c, m_i * _LN2, mask=gmask)
-            tl.store(pl_ptr + h * NSPLIT + c, l_i, mask=gmask)
-            tl.store(po_ptr + (h[:, None] * NSPLIT + c) * BD + d[None, :], acc,
-                     mask=gmask[:, None] & dmask[None, :])
-            # every thread's partial is written before the ticket (one thread draws it; release at gpu scope)
-            tl.debug_barrier()
-            ticket = tl.atomic_add(cnt_ptr + hk, 1, sem="acq_rel", scope="gpu")
-            if ticket == nlive - 1:
-                tl.store(cnt_ptr + hk, 0)
-                _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, hk * group, group, nlive - 1, HD,
-                                NSPLIT, GC, NS, BS, BD, SKIP, Q8)
-
-
-@triton.jit
-def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, last, HD, NSPLIT,
-                    GG: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, SKIP: tl.constexpr,
-                    Q8: tl.constexpr):
-    """Heads [h0, h0 + group): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over splits [0, last].
-
-    M (the maximum of the partial maxima) comes first, so the NS / BS steps of the sum are independent (unrolled);
-    SKIP: steps past the live splits are skipped (a runtime branch). The partials come from other programs of this
-    launch: loads bypass L1 (``.cg``), which is not coherent."""
-    g = tl.arange(0, GG)
-    h = h0 + g
-    hmask = g < group
-    d = tl.arange(0, BD)
-    dmask = d < HD
-    s = tl.arange(0, NS)
-    mask = hmask[:, None] & (s <= last)[None, :]
-    m_max = tl.max(tl.load(pm_ptr + h[:, None] * NSPLIT + s[None, :], mask=mask, other=_NEG, cache_modifier=".cg"),
-                   axis=1)
-    l_sum, acc = _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, 0, NSPLIT, BS, BD)
-    for s0 in tl.static_range(BS, NS, BS):
-        live = True  # SKIP: a step past the live splits is skipped, not run with every load masked
-        if SKIP:
-            live = s0 <= last
-        if live:
-            dl, da = _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, s0, NSPLIT, BS, BD)
-            l_sum += dl
-            acc += da
-    _store_out(acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None], o_ptr, oq_ptr, od_ptr, h0, group, HD, GG, BD, Q8)
-
-
-@triton.jit
-def _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, s0, NSPLIT, BS: tl.constexpr,
-                  BD: tl.constexpr):
-    """Splits s0 .. s0+BS-1 of the combine: their sum of e^(m_s - M) l_s ([GG]) and of e^(m_s - M) acc_s ([GG, BD])."""
-    sb = s0 + tl.arange(0, BS)
-    mask = hmask[:, None] & (sb <= last)[None, :]
-    idx = h[:, None] * NSPLIT + sb[None, :]
-    m = tl.load(pm_ptr + idx, mask=mask, other=_NEG, cache_modifier=".cg")
-    ls = tl.load(pl_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
-    o = tl.load(po_ptr + idx[:, :, None] * BD + d[None, None, :], mask=mask[:, :, None] & dmask[None, None, :],
-                other=0.0, cache_modifier=".cg")
-    w = tl.where(mask, tl.exp(m - m_max[:, None]), 0.0)
-    return tl.sum(w * ls, axis=1), tl.sum(w[:, :, None] * o, axis=1)
-
-
-@triton.jit
-def _store_out(out, o_ptr, oq_ptr, od_ptr, h0, group, HD, G: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
-    """Store the [G, BD] outputs of heads h0 .. h0+group-1 (rows past ``group`` are padding); Q8: also as int8
-    activations for the output projection (q8gemv.py; needs BD == HD, so the heads are one contiguous run)."""
-    g = tl.arange(0, G)
-    d = tl.arange(0, BD)
-    tl.store(o_ptr + (h0 + g)[:, None] * HD + d[None, :], out, mask=(g < group)[:, None] & (d < HD)[None, :])
-    if Q8:
-        store_q8(tl.reshape(out, [G * BD]), h0 * HD, group * HD, oq_ptr, od_ptr, G * BD)
-
-
-def writes_q8(head_dim: int) -> bool:
-    """Whether the decode kernel can also write its output as int8 activations (``attention(q8=...)``)."""
-    return head_dim % 32 == 0 and head_dim == triton.next_power_of_2(head_dim)
-
-
-class DecodeScratch:
-    """Partial results of the decode kernel for one (heads, n_ctx, head_dim), allocated once, and one ticket counter
-    per KV head (zero between calls: the kernel's last program of each KV head resets its own); with the kernel's
-    configuration.
-
-    At least ``chunk`` keys per program, and positions up to ``solo`` keys deep in one program (no combine); at
-    most ``max_programs`` programs per KV head (deeper positions get longer chunks, so the combine stays short);
-    ``warps`` warps each; K and V tiles of ``tile_kb`` KB each; ``dot``: how scores and p·V are multiplied
-    (``_dot``). Defaults from the H200 sweeps of scripts/gpu_attn.py: chunk 64 keys at head dim 64, 32 above; on
-    tensor cores, 8 warps and solo 128 at head dim 128, 8 warps at 256."""
-
-    def __init__(self, n_heads: int, n_ctx: int, head_dim: int, device: torch.device, *, chunk: int | None = None,
-                 max_programs: int = 32, warps: int | None = None, solo: int | None = None, dot: str = "ieee",
-                 tile_kb: int = 16):
-        self.tile_kb = tile_kb
-        tensor_cores = dot != "ieee"
-        self.chunk = chunk or (64 if head_dim <= 64 else 32)
-        self.solo = (128 if tensor_cores and head_dim == 128 else 0) if solo is None else solo
-        self.warps = warps or (8 if tensor_cores and head_dim > 64 else 4)
-        # the combine skips its dead steps with 4 warps; at 8 (head dim 128) the branch cut the kernel from 171 to
-        # 128 registers and decode at depth 1,024 lost 10% (GPU journal, run 48)
-        self.skip = self.warps == 4
-        self.dot = dot
-        self.nprog = min(triton.cdiv(n_ctx, self.chunk), max_programs)
-        bd = max(16, triton.next_power_of_2(head_dim))
-        self.o = torch.empty((n_heads, self.nprog, bd), dtype=torch.float32, device=device)
-        self.m = torch.empty((n_heads, self.nprog), dtype=torch.float32, device=device)
-        self.l = torch.empty((n_heads, self.nprog), dtype=torch.float32, device=device)
-        self.count = torch.zeros(n_heads, dtype=torch.int32, device=device)
-
-
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              positions: torch.Tensor) -> None:
     """Store the new tokens' K and V (n, hkv, hd) at their positions of the (hkv, n_ctx, hd) caches."""
@@ -312,30 +99,17 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
               scratch: DecodeScratch | None = None, exact: bool = False,
               q8: Q8Activation | None = None) -> torch.Tensor:
     """Attention of q (n, H, hd) over the caches → ``out`` (n, H*hd); one token uses split-KV when given scratch
-    (and, with ``q8``, also writes the output there as int8 activations: only where :func:`writes_q8`).
+    (and, with ``q8``, also writes the output there as int8 activations: only where
+    :func:`flash_decode.writes_q8`).
 
     Decode multiplies in IEEE fp32; prefill on tf32 tensor cores unless ``exact``."""
+    if q.shape[0] == 1 and scratch is not None:
+        return flash_decode.decode(q, k_cache, v_cache, positions, scale=scale, window=window, softcap=softcap,
+                                   out=out, scratch=scratch, q8=q8)
     n, h, hd = q.shape
     hkv, n_ctx, _ = k_cache.shape
     bd = triton.next_power_of_2(hd)
     flags = dict(SOFTCAP=softcap > 0, WINDOW=window > 0)
-    if n == 1 and scratch is not None:
-        group = triton.next_power_of_2(h // hkv)
-        bd = max(16, bd)
-        bn = max(16, scratch.tile_kb * 1024 // (bd * k_cache.element_size()))  # keys per K (or V) tile
-        assert q8 is None or writes_q8(hd)
-        qargs = (q8.q, q8.d) if q8 is not None else (out, out)
-        nsplit = scratch.m.shape[1]
-        ns = triton.next_power_of_2(nsplit)
-        # splits per combine step (unrolled): 2 steps, or more where a step would hold > 64 values per thread
-        bs = min(ns, max(4096 // (group * bd), ns // 2), 2048 * scratch.warps // (group * bd))
-        _decode_kernel[(hkv, scratch.nprog)](
-            q, k_cache, v_cache, positions, out, *qargs, scratch.o, scratch.m, scratch.l, scratch.count, h, hkv, hd,
-            n_ctx, nsplit, scratch.nprog, scale, softcap or 1.0, window,
-            G=group if scratch.dot == "ieee" else max(16, group), GC=group, MINB=max(1, scratch.chunk // bn),
-            SOLO=scratch.solo // bn, BN=bn, NS=ns, BS=bs, BD=bd, SKIP=scratch.skip, Q8=q8 is not None,
-            DOT=scratch.dot, num_warps=scratch.warps, num_stages=2, **pdl.launch(), **flags)
-        return out
     # fp32 tiles: wide heads (gemma's 256) get smaller tiles and a 2-deep pipeline to fit shared memory
     bm = 16 if n <= 16 else 64 if bd <= 128 else 32
     bn = 32 if bd > 128 else 64

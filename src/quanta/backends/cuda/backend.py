@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from quanta.backends.base import Array, Backend, KVShape
-from quanta.backends.cuda import activation, attention, norm, pdl, rope
+from quanta.backends.cuda import activation, attention, flash_decode, norm, pdl, rope
 from quanta.backends.cuda.embed import embed as _embed
 from quanta.backends.cuda.graphs import (CAPTURE_AT_USE, MAX_GRAPH_PREFILL, DecodeGraph, PrefillGraph,
                                          padded_inputs, prefill_bucket)
@@ -75,7 +75,7 @@ class CUDABackend(Backend):
     def __init__(self, device: str | torch.device = "cuda", *, exact: bool = False, graphs: bool = True):
         """``exact``: every matmul and attention in IEEE fp32, KV cache in fp32. Otherwise prefill matmuls run on
         bf16 tensor cores, decode matmuls on int8 activations (q8gemv.py; ``QUANTA_Q8=0``: float activations),
-        the KV cache is fp16 and attention multiplies on tensor cores (attention.py's ``_dot``)."""
+        the KV cache is fp16 and attention multiplies on tensor cores (flash_decode.py's ``_dot``)."""
         self.device = torch.device(device)
         self.exact = exact
         self.q8 = not exact and os.environ.get("QUANTA_Q8", "1") != "0"
@@ -90,7 +90,7 @@ class CUDABackend(Backend):
             self._primer.start()
         pdl.enable(self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] >= 9)
         self._buffers: dict[Any, torch.Tensor] = {}
-        self._decode_scratch: dict[tuple[int, int, int, str], attention.DecodeScratch] = {}
+        self._decode_scratch: dict[tuple[int, int, int, str], flash_decode.DecodeScratch] = {}
         self._argmax: dict[int, Argmax] = {}
         # int8 copies of decode activations (q8gemv.py), one storage per float buffer; "live" ones are current:
         # written by the op that wrote the float values, and dropped by the next op that is not a matmul
@@ -252,7 +252,7 @@ class CUDABackend(Backend):
         n, n_heads, hd = q.shape
         if out is None:
             out = torch.empty((n, n_heads * hd), dtype=torch.float32, device=self.device)
-        q8 = self._produce_q8(out if n == 1 and attention.writes_q8(hd) else None)
+        q8 = self._produce_q8(out if n == 1 and flash_decode.writes_q8(hd) else None)
         k_cache, v_cache = cache
         if k is not None:  # None: rope_qk stored them
             attention.write_kv(k, v, k_cache, v_cache, positions)
@@ -261,7 +261,7 @@ class CUDABackend(Backend):
             key = (n_heads, k_cache.shape[1], hd, self.decode_dot)
             scratch = self._decode_scratch.get(key)
             if scratch is None:
-                scratch = self._decode_scratch[key] = attention.DecodeScratch(n_heads, k_cache.shape[1], hd,
+                scratch = self._decode_scratch[key] = flash_decode.DecodeScratch(n_heads, k_cache.shape[1], hd,
                                                                               self.device, dot=self.decode_dot)
         return attention.attention(q, k_cache, v_cache, positions, scale=scale, window=window, softcap=softcap,
                                    out=out, scratch=scratch, exact=self.exact, q8=q8)
