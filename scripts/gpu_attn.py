@@ -30,9 +30,7 @@ SHAPES = [  # name, heads, kv heads, head dim, window
 F16, F32 = torch.float16, torch.float32
 CONFIGS = {  # name: cache dtype, DecodeScratch keywords: the exact and default modes, then variants
     "exact": (F32, dict(dot="ieee")), "default": (F16, dict(dot="fp16")),
-    "tile 32 KB": (F16, dict(dot="fp16", tile_kb=32)), "tile 8 KB": (F16, dict(dot="fp16", tile_kb=8)),
-    "p16": (F16, dict(dot="fp16", max_programs=16)),
-    "tile 32 KB p16": (F16, dict(dot="fp16", tile_kb=32, max_programs=16)),
+    "ticket": (F16, dict(dot="fp16", poll=False)), "poll": (F16, dict(dot="fp16", poll=True)),
 }
 START = time.perf_counter()
 BUDGET_S = float(os.environ.get("ATTN_BUDGET_S", "150"))

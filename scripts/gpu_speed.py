@@ -174,12 +174,12 @@ def _decode_config(tiles: dict | None = None, **scratch):
 SHIPPED: dict = {}  # DecodeScratch's keyword defaults and the int8 GEMV's tiles as shipped
 VARIANTS = {  # decode variants compared in one process: what each does to the backend before its runs
     "shipped": _decode_config(),
-    "16 programs": _decode_config(max_programs=16),
+    "ticket everywhere": _decode_config(poll=False),
 }
 
 
 @section("decode variants (VARIANTS), alternating in one process")
-def variants_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
+def variants_ab(models: list[tuple[str, Path]], reps: int = 3, n_ctx: int = 2048) -> None:
     from quanta import gguf
     from quanta.backends.cuda.backend import CUDABackend
     from quanta.models import load_model
@@ -187,7 +187,7 @@ def variants_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
     for name, path in models:
         g = gguf.open(path)
         be = CUDABackend("cuda")
-        model = load_model(g, be, 2048)
+        model = load_model(g, be, n_ctx)
         cache = be.kv_cache(model.kv_shape())
         rates: dict = {}
         for _ in range(reps):

@@ -61,16 +61,19 @@ def test_attention_matches_reference(case, device: str) -> None:
         np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("poll", [False, True])
 @pytest.mark.parametrize("heads, kv_heads, hd", [(8, 2, 24), (6, 1, 16)])
-def test_one_launch_decode_across_positions_and_calls(heads: int, kv_heads: int, hd: int, device: str) -> None:
+def test_one_launch_decode_across_positions_and_calls(heads: int, kv_heads: int, hd: int, poll: bool,
+                                                      device: str) -> None:
     """One scratch reused call after call (as by every layer of a CUDA graph): one live split, several, a position
     on a split boundary (the last split holds one key), the last position, and windows that leave early splits
-    dead. The ticket counters must be back at zero after every call, or the next call would combine nothing."""
+    dead. The ticket counters must be back at zero after every call, or the next call would combine nothing; with
+    polling, every partial slot read must be back to NaN, or the next call could take a stale one."""
     n_ctx = 256  # 4 splits of 64
     rng = np.random.default_rng(heads * 100 + hd)
     k_cache, v_cache, q = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(device)
                            for s in ((kv_heads, n_ctx, hd), (kv_heads, n_ctx, hd), (1, heads, hd)))
-    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device), chunk=64)
+    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device), chunk=64, poll=poll)
     assert scratch.nprog == 4
     kc, vc, qn = k_cache.cpu().numpy(), v_cache.cpu().numpy(), q.cpu().numpy()
     for pos, window, softcap in [(0, 0, 0.0), (5, 0, 0.0), (63, 0, 0.0), (64, 0, 0.0), (130, 0, 20.0), (255, 0, 0.0),
@@ -81,6 +84,8 @@ def test_one_launch_decode_across_positions_and_calls(heads: int, kv_heads: int,
         want = reference(qn, kc, vc, np.array([pos]), hd ** -0.5, window, softcap)
         np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"pos {pos} w {window}")
         assert not scratch.count.cpu().numpy().any()
+        if poll:
+            assert scratch.m[:heads].isnan().all() and scratch.o[:heads, :, :hd].isnan().all()
 
 
 MODEL_SHAPES = [  # heads, kv heads, head dim: TinyLlama, Llama-3.2-1B's group of 4 (with 2 of its 8 KV heads),
@@ -137,15 +142,17 @@ def test_decode_on_tensor_cores_and_fp16_cache(heads: int, kv_heads: int, hd: in
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and concurrent programs need the GPU")
+@pytest.mark.parametrize("poll", [False, True])
 @pytest.mark.parametrize("heads, kv_heads, hd", [(32, 4, 64), (12, 2, 128)])
-def test_one_launch_decode_in_a_cuda_graph(heads: int, kv_heads: int, hd: int, device: str) -> None:
+def test_one_launch_decode_in_a_cuda_graph(heads: int, kv_heads: int, hd: int, poll: bool, device: str) -> None:
     """On the GPU the split programs run concurrently and in any order: the ticket must still elect exactly one
-    combiner per KV head, see every partial, and leave the counters at zero, replay after replay."""
+    combiner per KV head, see every partial, and leave the counters at zero, replay after replay; the polling
+    combiner must never take a partial before it lands (nor a stale one)."""
     n_ctx = 1024
     rng = np.random.default_rng(7)
     k_cache, v_cache, q = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(device)
                            for s in ((kv_heads, n_ctx, hd), (kv_heads, n_ctx, hd), (1, heads, hd)))
-    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device))
+    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device), poll=poll)
     pos = torch.zeros(1, dtype=torch.int32, device=device)
     out = torch.empty((1, heads * hd), device=device)
     attention(q, k_cache, v_cache, pos, scale=hd ** -0.5, out=out, scratch=scratch)  # compiled before capture

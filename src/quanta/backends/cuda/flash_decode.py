@@ -1,8 +1,9 @@
 """Split-KV flash-decoding: attention of one new token over the KV cache in one launch.
 
 A fixed grid of chunk programs per KV head. A position up to one chunk deep is one program per KV head that writes
-the output itself; deeper, every live chunk stores its partial softmax, and the last one of each KV head to finish
-(an atomic ticket counter in ``DecodeScratch``) combines them.
+the output itself; deeper, every live chunk stores its partial softmax, and one program per KV head combines them:
+either the last to finish (an atomic ticket counter in ``DecodeScratch``, after a release fence), or the program of
+the last chunk, which polls the partial slots until none holds the NaN they are reset to (no fence, no atomic).
 
 Tested under TRITON_INTERPRET=1 against a float64 numpy softmax attention (tests/backends/cuda/test_attention.py).
 """
@@ -19,7 +20,6 @@ from quanta.backends.cuda.q8gemv import Q8Activation, store_q8
 
 _NEG = tl.constexpr(-1.0e30)  # a finite "minus infinity": keeps exp(m_old - m_new) free of inf - inf
 _LOG2E = tl.constexpr(1.4426950408889634)
-_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -60,19 +60,23 @@ def _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP: tl.conste
 
 @triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV,
-                   HD, NCTX, NSPLIT, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
-                   G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr, SOLO: tl.constexpr, BN: tl.constexpr,
-                   NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, SKIP: tl.constexpr, Q8: tl.constexpr,
-                   DOT: tl.constexpr, PDL: tl.constexpr):
+                   HD, NCTX, NSPLIT: tl.constexpr, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr,
+                   WINDOW: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr, SOLO: tl.constexpr,
+                   BN: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, SKIP: tl.constexpr,
+                   Q8: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, POLL: tl.constexpr):
     """Program (hk, c): the G query heads of KV head ``hk`` (G = the group rounded up to a power of two, and to 16
     for tensor-core dots) against chunk c of the visible keys, in BN-key tiles.
 
     The visible keys [lo, pos] (lo > 0 only with a window) are cut into ``nlive`` chunks of ``per`` tiles, per =
     max(MINB, ceil(tiles / NPROG)), or all of them up to SOLO tiles: shallow positions get one chunk per KV head,
     which writes the output directly (no partials, no ticket); deeper ones spread over up to NPROG programs, whose
-    partials the last to draw a ticket combines (GC: the group rounded up to a power of two). Scores are kept in
-    log2 units (scale * log2(e) folded into q) so the softmax uses exp2; the partial maxima are stored in natural
-    units for ``_combine_splits``. Programs past ``nlive`` exit at once.
+    partials the last to draw a ticket combines, or with POLL the last chunk's program (GC: the group rounded up to
+    a power of two). Scores and the stored partial maxima are in log2 units (scale * log2(e) folded into q) so the
+    softmax uses exp2. Programs past ``nlive`` exit at once.
+
+    POLL needs no signal between programs: the last chunk's program waits for the others without deadlock because
+    they never wait (programs are dispatched in order of c, and under PDL the next kernel launches only once every
+    program of this one has started).
 
     PDL: the next kernel (the output projection) may launch at once and load its weights while this one runs; and
     this one, launched early, loads the position and its chunk's first K/V tile before it waits for the Q/K/V
@@ -122,24 +126,29 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr
         if nlive == 1:
             _store_out(acc / l_i[:, None], o_ptr, oq_ptr, od_ptr, hk * group, group, HD, G, BD, Q8)
         else:
-            tl.store(pm_ptr + h * NSPLIT + c, m_i * _LN2, mask=gmask)
+            tl.store(pm_ptr + h * NSPLIT + c, m_i, mask=gmask)
             tl.store(pl_ptr + h * NSPLIT + c, l_i, mask=gmask)
             tl.store(po_ptr + (h[:, None] * NSPLIT + c) * BD + d[None, :], acc,
                      mask=gmask[:, None] & dmask[None, :])
-            # every thread's partial is written before the ticket (one thread draws it; release at gpu scope)
-            tl.debug_barrier()
-            ticket = tl.atomic_add(cnt_ptr + hk, 1, sem="acq_rel", scope="gpu")
-            if ticket == nlive - 1:
-                tl.store(cnt_ptr + hk, 0)
-                _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, hk * group, group, nlive - 1, HD,
-                                NSPLIT, GC, NS, BS, BD, SKIP, Q8)
+            if POLL:
+                if c == nlive - 1:
+                    _combine_poll(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, hk * group, group, nlive, HD,
+                                  NSPLIT, GC, NS, BD, Q8)
+            else:
+                # every thread's partial is written before the ticket (one thread draws it; release at gpu scope)
+                tl.debug_barrier()
+                ticket = tl.atomic_add(cnt_ptr + hk, 1, sem="acq_rel", scope="gpu")
+                if ticket == nlive - 1:
+                    tl.store(cnt_ptr + hk, 0)
+                    _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, hk * group, group, nlive - 1,
+                                    HD, NSPLIT, GC, NS, BS, BD, SKIP, Q8)
 
 
 @triton.jit
 def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, last, HD, NSPLIT,
                     GG: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, SKIP: tl.constexpr,
                     Q8: tl.constexpr):
-    """Heads [h0, h0 + group): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over splits [0, last].
+    """Heads [h0, h0 + group): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over splits [0, last].
 
     M (the maximum of the partial maxima) comes first, so the NS / BS steps of the sum are independent (unrolled);
     SKIP: steps past the live splits are skipped (a runtime branch). The partials come from other programs of this
@@ -166,9 +175,58 @@ def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, la
 
 
 @triton.jit
+def _combine_poll(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, nlive, HD, NSPLIT: tl.constexpr,
+                  GG: tl.constexpr, NS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
+    """_combine_splits in one step, without a fence: the partial slots hold NaN until their program's stores land
+    (the scratch starts so, and this resets the slots it read), so the sums come out NaN until every live partial
+    is in: read again. Triton may load m once per layout it is used in, each copy at its own moment, so its maximum
+    keeps NaN: a copy that missed a partial makes the sums NaN instead of scaling them by another maximum. At most
+    1,000 reads: partials NaN by themselves (an inf in the cache) give a NaN output, not a hang."""
+    g = tl.arange(0, GG)
+    s = tl.arange(0, NS)
+    d = tl.arange(0, BD)
+    hmask = g < group
+    dmask = d < HD
+    live = hmask[:, None] & (s < nlive)[None, :]
+    idx = (h0 + g)[:, None] * NSPLIT + s[None, :]
+    omask = live[:, :, None] & dmask[None, None, :]
+    acc = tl.zeros([GG, BD], dtype=tl.float32)
+    l_sum = tl.zeros([GG], dtype=tl.float32)
+    missing = 1
+    tries = 0
+    while (missing > 0) & (tries < 1000):
+        m = tl.load(pm_ptr + idx, mask=live, other=_NEG, volatile=True)
+        ls = tl.load(pl_ptr + idx, mask=live, other=0.0, volatile=True)
+        o = tl.load(po_ptr + idx[:, :, None] * BD + d[None, None, :], mask=omask, other=0.0, volatile=True)
+        w = tl.exp2(m - tl.reduce(m, 1, _max_keep_nan)[:, None])
+        l_sum = tl.sum(w * ls, axis=1)
+        acc = tl.sum(w[:, :, None] * o, axis=1)
+        missing = (tl.sum(tl.where(hmask[:, None] & dmask[None, :] & _is_nan(acc), 1, 0))
+                   + tl.sum(tl.where(hmask & _is_nan(l_sum), 1, 0)))
+        tries += 1
+    _store_out(acc / l_sum[:, None], o_ptr, oq_ptr, od_ptr, h0, group, HD, GG, BD, Q8)
+    tl.debug_barrier()  # every thread has read the partials before they are reset
+    nan = float("nan")
+    tl.store(pm_ptr + idx, tl.full([GG, NS], nan, tl.float32), mask=live)
+    tl.store(pl_ptr + idx, tl.full([GG, NS], nan, tl.float32), mask=live)
+    tl.store(po_ptr + idx[:, :, None] * BD + d[None, None, :], tl.full([GG, NS, BD], nan, tl.float32), mask=omask)
+
+
+@triton.jit
+def _max_keep_nan(a, b):
+    """max that returns NaN if either operand is (tl.max drops NaN)."""
+    return tl.where(_is_nan(a) | (a > b), a, b)
+
+
+@triton.jit
+def _is_nan(x):
+    return x != x  # noqa: PLR0124 (the NaN test; Triton's core language has no isnan)
+
+
+@triton.jit
 def _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, s0, NSPLIT, BS: tl.constexpr,
                   BD: tl.constexpr):
-    """Splits s0 .. s0+BS-1 of the combine: their sum of e^(m_s - M) l_s ([GG]) and of e^(m_s - M) acc_s ([GG, BD])."""
+    """Splits s0 .. s0+BS-1 of the combine: their sum of 2^(m_s - M) l_s ([GG]) and of 2^(m_s - M) acc_s ([GG, BD])."""
     sb = s0 + tl.arange(0, BS)
     mask = hmask[:, None] & (sb <= last)[None, :]
     idx = h[:, None] * NSPLIT + sb[None, :]
@@ -176,7 +234,7 @@ def _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, s0, N
     ls = tl.load(pl_ptr + idx, mask=mask, other=0.0, cache_modifier=".cg")
     o = tl.load(po_ptr + idx[:, :, None] * BD + d[None, None, :], mask=mask[:, :, None] & dmask[None, None, :],
                 other=0.0, cache_modifier=".cg")
-    w = tl.where(mask, tl.exp(m - m_max[:, None]), 0.0)
+    w = tl.where(mask, tl.exp2(m - m_max[:, None]), 0.0)
     return tl.sum(w * ls, axis=1), tl.sum(w[:, :, None] * o, axis=1)
 
 
@@ -204,12 +262,14 @@ class DecodeScratch:
     At least ``chunk`` keys per program, and positions up to ``solo`` keys deep in one program (no combine); at
     most ``max_programs`` programs per KV head (deeper positions get longer chunks, so the combine stays short);
     ``warps`` warps each; K and V tiles of ``tile_kb`` KB each; ``dot``: how scores and p·V are multiplied
-    (``_dot``). Defaults from the H200 sweeps of scripts/gpu_attn.py: chunk 64 keys at head dim 64, 32 above; on
-    tensor cores, 8 warps and solo 128 at head dim 128, 8 warps at 256."""
+    (``_dot``); ``poll``: the last chunk combines, polling (``_combine_poll``; the partials start as NaN), instead
+    of the last to draw a ticket. Defaults from the H200 sweeps of scripts/gpu_attn.py and the decode loop: chunk
+    64 keys at head dim 64, 32 above; on tensor cores, 8 warps and solo 128 at head dim 128 (and polling there),
+    8 warps at 256."""
 
     def __init__(self, n_heads: int, n_ctx: int, head_dim: int, device: torch.device, *, chunk: int | None = None,
                  max_programs: int = 32, warps: int | None = None, solo: int | None = None, dot: str = "ieee",
-                 tile_kb: int = 16):
+                 tile_kb: int = 16, poll: bool | None = None):
         self.tile_kb = tile_kb
         tensor_cores = dot != "ieee"
         self.chunk = chunk or (64 if head_dim <= 64 else 32)
@@ -220,10 +280,12 @@ class DecodeScratch:
         self.skip = self.warps == 4
         self.dot = dot
         self.nprog = min(triton.cdiv(n_ctx, self.chunk), max_programs)
+        # polling: Qwen2.5 at depth 1,024 1,115 -> 1,165 tok/s (GPU run 66); slower per call at head dims 64 and 256
+        self.poll = tensor_cores and head_dim == 128 if poll is None else poll
         bd = max(16, triton.next_power_of_2(head_dim))
-        self.o = torch.empty((n_heads, self.nprog, bd), dtype=torch.float32, device=device)
-        self.m = torch.empty((n_heads, self.nprog), dtype=torch.float32, device=device)
-        self.l = torch.empty((n_heads, self.nprog), dtype=torch.float32, device=device)
+        self.o = torch.full((n_heads, self.nprog, bd), float("nan"), dtype=torch.float32, device=device)
+        self.m = torch.full((n_heads, self.nprog), float("nan"), dtype=torch.float32, device=device)
+        self.l = torch.full((n_heads, self.nprog), float("nan"), dtype=torch.float32, device=device)
         self.count = torch.zeros(n_heads, dtype=torch.int32, device=device)
 
 
@@ -247,5 +309,5 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positi
         n_ctx, nsplit, scratch.nprog, scale, softcap or 1.0, window, SOFTCAP=softcap > 0, WINDOW=window > 0,
         G=group if scratch.dot == "ieee" else max(16, group), GC=group, MINB=max(1, scratch.chunk // bn),
         SOLO=scratch.solo // bn, BN=bn, NS=ns, BS=bs, BD=bd, SKIP=scratch.skip, Q8=q8 is not None,
-        DOT=scratch.dot, num_warps=scratch.warps, num_stages=2, **pdl.launch())
+        DOT=scratch.dot, POLL=scratch.poll, num_warps=scratch.warps, num_stages=2, **pdl.launch())
     return out
