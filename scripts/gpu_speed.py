@@ -4,6 +4,7 @@ time to first token in a fresh process and a prefill profile."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -46,62 +47,80 @@ def launches_per_layer(model) -> dict:
 
 @section("benchmarks")
 def bench(models: list[tuple[str, Path]], bw: float, n_decode: int = 128) -> None:
+    """Decode at depth 0 and 1,024 and prefill-512 of every model first, then the per-kernel profiles: a process
+    that has run torch's profiler decodes slower afterwards (GPU run 76: Llama-3.2 1,533 tok/s after
+    TinyLlama's profile, 1,804 in the sweep just before)."""
+    rows = []
+    for name, path in models:
+        with _loaded(path, 2048) as (be, model, load_s):
+            cache = be.kv_cache(model.kv_shape())
+            nbytes = bytes_per_token(model)
+            d0 = decode_rate(be, model, cache, 0, n_decode)
+            d1k = decode_rate(be, model, cache, 1024, n_decode)
+            prompt = np.random.default_rng(0).integers(5, min(model.n_vocab, 30000), size=512).astype(np.int32)
+            pf = cuda_time(lambda: be.forward(model, prompt, 0, cache, all_logits=False), reps=5, warmup=2)
+            rows.append(dict(model=name, bytes_per_token=nbytes, decode_tok_s=d0,
+                             decode_pct_roofline=100 * d0 * nbytes / bw, decode_depth1024_tok_s=d1k,
+                             depth_ratio=d1k / d0, prefill512_tok_s=512 / pf, load_s=load_s,
+                             fusion=launches_per_layer(model)))
+    for row, (name, path) in zip(rows, models):
+        with _loaded(path, 2048) as (be, model, _):
+            row.update(_kernel_profile(be, model, be.kv_cache(model.kv_shape())))
+        say("  ", json.dumps(row))
+        RESULTS.setdefault("bench", []).append(row)
+        SUMMARY.append(f"{name:26s} decode {row['decode_tok_s']:7.0f} tok/s ({row['decode_pct_roofline']:.1f}% of "
+                       f"roofline, {row['bytes_per_token'] / 1e6:.0f} MB/token), @1024 "
+                       f"{row['decode_depth1024_tok_s']:7.0f} ({100 * row['depth_ratio']:.0f}%), prefill-512 "
+                       f"{row['prefill512_tok_s']:8.0f} tok/s, load {row['load_s']:.1f}s, "
+                       f"launches/token {row.get('launches_per_token@100', '?')}, qkv {row['fusion']['qkv']}")
+
+
+@contextlib.contextmanager
+def _loaded(path: Path, n_ctx: int):
+    """(backend, model, load seconds) of a GGUF on a fresh CUDA backend; the file closed afterwards."""
     from quanta import gguf
     from quanta.backends.cuda.backend import CUDABackend
     from quanta.models import load_model
 
-    for name, path in models:
-        g = gguf.open(path)
-        be = CUDABackend("cuda")
-        t = time.perf_counter()
-        model = load_model(g, be, 2048)
-        torch.cuda.synchronize()
-        load_s = time.perf_counter() - t
-        cache = be.kv_cache(model.kv_shape())
-        nbytes = bytes_per_token(model)
-        rng = np.random.default_rng(0)
-        vocab = model.n_vocab
-
-        d0 = decode_rate(be, model, cache, 0, n_decode)
-        d1k = decode_rate(be, model, cache, 1024, n_decode)
-        prompt512 = rng.integers(5, min(vocab, 30000), size=512).astype(np.int32)
-        pf = cuda_time(lambda: be.forward(model, prompt512, 0, cache, all_logits=False), reps=5, warmup=2)
-        roof = bw / nbytes
-        row = dict(model=name, bytes_per_token=nbytes, decode_tok_s=d0, decode_pct_roofline=100 * d0 / roof,
-                   decode_depth1024_tok_s=d1k, depth_ratio=d1k / d0, prefill512_tok_s=512 / pf, load_s=load_s,
-                   fusion=launches_per_layer(model))
-        # per-kernel breakdown of one eager decode step, near the benchmark's depth and after 1,100 tokens
-        try:
-            from torch.profiler import ProfilerActivity, profile
-
-            be.graphs = False
-            for pos in (100, 1100):
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(5):
-                        be.forward(model, np.asarray([7], np.int32), pos, cache, all_logits=False)
-                    torch.cuda.synchronize()
-                agg: dict[str, float] = {}
-                launches = 0
-                for ev in prof.key_averages():
-                    if ev.device_time_total > 0:
-                        agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total / 5
-                        launches += ev.count
-                row[f"launches_per_token@{pos}"] = launches / 5
-                row[f"kernel_us_per_token@{pos}"] = {k: round(v, 1) for k, v in
-                                                     sorted(agg.items(), key=lambda kv: -kv[1])[:12]}
-                row[f"kernel_total_us@{pos}"] = sum(agg.values())
-            be.graphs = True
-        except Exception as e:  # the profiler is a nice-to-have
-            row["kernel_breakdown_error"] = repr(e)
-        say("  ", json.dumps(row))
-        RESULTS.setdefault("bench", []).append(row)
-        SUMMARY.append(f"{name:26s} decode {d0:7.0f} tok/s ({row['decode_pct_roofline']:.1f}% of roofline, "
-                       f"{nbytes / 1e6:.0f} MB/token), @1024 {d1k:7.0f} ({100 * d1k / d0:.0f}%), "
-                       f"prefill-512 {512 / pf:8.0f} tok/s, load {load_s:.1f}s, "
-                       f"launches/token {row.get('launches_per_token@100', '?')}, qkv {row['fusion']['qkv']}")
-        del model, cache, be
+    g = gguf.open(path)
+    be = CUDABackend("cuda")
+    t = time.perf_counter()
+    model = load_model(g, be, n_ctx)
+    torch.cuda.synchronize()
+    try:
+        yield be, model, time.perf_counter() - t
+    finally:
         g.close()
         torch.cuda.empty_cache()
+
+
+def _kernel_profile(be, model, cache) -> dict:
+    """Per-kernel device time of one eager decode step (torch profiler), near the benchmark's depth and after 1,100
+    tokens."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        be.graphs = False
+        out: dict = {}
+        be.forward(model, np.arange(5, 1105, dtype=np.int32), 0, cache, all_logits=False)  # a filled cache
+        for pos in (100, 1100):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    be.forward(model, np.asarray([7], np.int32), pos, cache, all_logits=False)
+                torch.cuda.synchronize()
+            agg: dict[str, float] = {}
+            launches = 0
+            for ev in prof.key_averages():
+                if ev.device_time_total > 0:
+                    agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total / 5
+                    launches += ev.count
+            out[f"launches_per_token@{pos}"] = launches / 5
+            out[f"kernel_us_per_token@{pos}"] = {k[:40]: round(v, 1) for k, v in
+                                                 sorted(agg.items(), key=lambda kv: -kv[1])[:8]}
+            out[f"kernel_total_us@{pos}"] = sum(agg.values())
+        return out
+    except Exception as e:  # the profiler is a nice-to-have
+        return {"kernel_breakdown_error": repr(e)}
 
 
 def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0) -> float:
@@ -125,7 +144,9 @@ ATTENTION_VARIANTS = {"f16 cache, fp16 dots": (torch.float16, "fp16")}
 
 
 @section("decode speed against context depth (n_ctx 8192), KV cache / attention variants alternating in one process")
-def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 1024, 4096), reps: int = 3) -> None:
+def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 1024, 4096), reps: int = 4) -> None:
+    """Medians over ``reps`` repetitions; the depths run in reverse order every other repetition, so that a machine
+    drifting during the sweep moves every depth alike (session 8's run 67 drifted 7% within one model)."""
     from quanta import gguf
     from quanta.backends.cuda.backend import CUDABackend
     from quanta.models import load_model
@@ -135,12 +156,12 @@ def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 10
         be = CUDABackend("cuda")
         model = load_model(g, be, 8192)
         rates: dict = {}
-        for _ in range(reps):
+        for rep in range(reps):
             for label, (be.kv_dtype, be.decode_dot) in ATTENTION_VARIANTS.items():
                 be._decode_scratch.clear()
                 be._graphs.clear()
                 cache = be.kv_cache(model.kv_shape())
-                for d in depths:
+                for d in depths if rep % 2 == 0 else depths[::-1]:
                     rates.setdefault((label, d), []).append(decode_rate(be, model, cache, d, 128))
                 del cache
         for label in ATTENTION_VARIANTS:

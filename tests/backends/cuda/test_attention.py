@@ -69,11 +69,11 @@ def test_one_launch_decode_across_positions_and_calls(heads: int, kv_heads: int,
     on a split boundary (the last split holds one key), the last position, and windows that leave early splits
     dead. The ticket counters must be back at zero after every call, or the next call would combine nothing; with
     polling, every partial slot read must be back to NaN, or the next call could take a stale one."""
-    n_ctx = 256  # 4 splits of 64
+    n_ctx = 256  # 4 splits of 64 keys, in tiles of 16
     rng = np.random.default_rng(heads * 100 + hd)
     k_cache, v_cache, q = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).to(device)
                            for s in ((kv_heads, n_ctx, hd), (kv_heads, n_ctx, hd), (1, heads, hd)))
-    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device), chunk=64, poll=poll)
+    scratch = DecodeScratch(heads, n_ctx, hd, torch.device(device), chunk=64, poll=poll, tile_kb=1)
     assert scratch.nprog == 4
     kc, vc, qn = k_cache.cpu().numpy(), v_cache.cpu().numpy(), q.cpu().numpy()
     for pos, window, softcap in [(0, 0, 0.0), (5, 0, 0.0), (63, 0, 0.0), (64, 0, 0.0), (130, 0, 20.0), (255, 0, 0.0),
