@@ -147,32 +147,23 @@ ATTENTION_VARIANTS = {"f16 cache, fp16 dots": (torch.float16, "fp16")}
 def depth_sweep(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 1024, 4096), reps: int = 4) -> None:
     """Medians over ``reps`` repetitions; the depths run in reverse order every other repetition, so that a machine
     drifting during the sweep moves every depth alike (session 8's run 67 drifted 7% within one model)."""
-    from quanta import gguf
-    from quanta.backends.cuda.backend import CUDABackend
-    from quanta.models import load_model
-
     for name, path in models:
-        g = gguf.open(path)
-        be = CUDABackend("cuda")
-        model = load_model(g, be, 8192)
         rates: dict = {}
-        for rep in range(reps):
-            for label, (be.kv_dtype, be.decode_dot) in ATTENTION_VARIANTS.items():
-                be._decode_scratch.clear()
-                be._graphs.clear()
-                cache = be.kv_cache(model.kv_shape())
-                for d in depths if rep % 2 == 0 else depths[::-1]:
-                    rates.setdefault((label, d), []).append(decode_rate(be, model, cache, d, 128))
-                del cache
+        with _loaded(path, 8192) as (be, model, _):
+            for rep in range(reps):
+                for label, (be.kv_dtype, be.decode_dot) in ATTENTION_VARIANTS.items():
+                    be._decode_scratch.clear()
+                    be._graphs.clear()
+                    cache = be.kv_cache(model.kv_shape())
+                    for d in depths if rep % 2 == 0 else depths[::-1]:
+                        rates.setdefault((label, d), []).append(decode_rate(be, model, cache, d, 128))
+                    del cache
         for label in ATTENTION_VARIANTS:
             med = {d: float(np.median(rates[(label, d)])) for d in depths}
             line = f"{name:22s} {label}: " + ", ".join(f"{d}: {r:.0f} ({100 * r / med[depths[0]]:.0f}%)"
                                                       for d, r in med.items())
             say("  ", line, json.dumps({d: [round(x) for x in rates[(label, d)]] for d in depths}))
             SUMMARY.append(line)
-        del model, be
-        g.close()
-        torch.cuda.empty_cache()
 
 
 def _decode_config(tiles: dict | None = None, **scratch):
@@ -201,31 +192,22 @@ VARIANTS = {  # decode variants compared in one process: what each does to the b
 
 @section("decode variants (VARIANTS), alternating in one process")
 def variants_ab(models: list[tuple[str, Path]], reps: int = 3, n_ctx: int = 2048) -> None:
-    from quanta import gguf
-    from quanta.backends.cuda.backend import CUDABackend
-    from quanta.models import load_model
-
     for name, path in models:
-        g = gguf.open(path)
-        be = CUDABackend("cuda")
-        model = load_model(g, be, n_ctx)
-        cache = be.kv_cache(model.kv_shape())
         rates: dict = {}
-        for _ in range(reps):
-            for depth in (0, 1024):
-                for label, apply in VARIANTS.items():
-                    apply(be)
-                    be._graphs.clear()
-                    rates.setdefault((depth, label), []).append(decode_rate(be, model, cache, depth, 128))
+        with _loaded(path, n_ctx) as (be, model, _):
+            cache = be.kv_cache(model.kv_shape())
+            for _ in range(reps):
+                for depth in (0, 1024):
+                    for label, apply in VARIANTS.items():
+                        apply(be)
+                        be._graphs.clear()
+                        rates.setdefault((depth, label), []).append(decode_rate(be, model, cache, depth, 128))
         med = {k: float(np.median(v)) for k, v in rates.items()}
         line = f"{name:22s} decode " + ", ".join(f"{lab} {med[(0, lab)]:.0f}" for lab in VARIANTS) + \
             " | @1024 " + ", ".join(f"{med[(1024, lab)]:.0f} ({100 * med[(1024, lab)] / med[(0, lab)]:.0f}%)"
                                    for lab in VARIANTS)
         say("  ", line, json.dumps({f"{d} {lab}": [round(x) for x in v] for (d, lab), v in rates.items()}))
         SUMMARY.append(line)
-        del model, cache, be
-        g.close()
-        torch.cuda.empty_cache()
 
 
 TTFT_CODE = """
@@ -276,44 +258,37 @@ def first_token(path: Path) -> None:
 
 @section("prefill-512 per-kernel profile (TinyLlama)")
 def prefill_profile(path: Path) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
-    from quanta import gguf
-    from quanta.backends.cuda.backend import CUDABackend
-    from quanta.models import load_model
-
-    g = gguf.open(path)
-    be = CUDABackend("cuda")
-    model = load_model(g, be, 2048)
-    cache = be.kv_cache(model.kv_shape())
-    prompt = np.random.default_rng(0).integers(5, 30000, size=512).astype(np.int32)
-    be.forward(model, prompt, 0, cache, all_logits=False)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        be.forward(model, prompt, 0, cache, all_logits=False)
-        torch.cuda.synchronize()
-    agg: dict[str, float] = {}
-    for ev in prof.key_averages():
-        if ev.device_time_total > 0:
-            agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total
-    top = sorted(agg.items(), key=lambda kv: -kv[1])[:10]
-    say("   prefill-512 kernel us: " + json.dumps({k[:40]: round(v) for k, v in top}))
     import cProfile
     import io
     import pstats
 
-    prof_host = cProfile.Profile()  # where the host time of a prefill goes (is it launch-bound?)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    prof_host.enable()
-    for _ in range(3):
+    from torch.profiler import ProfilerActivity, profile
+
+    with _loaded(path, 2048) as (be, model, _):
+        cache = be.kv_cache(model.kv_shape())
+        prompt = np.random.default_rng(0).integers(5, 30000, size=512).astype(np.int32)
         be.forward(model, prompt, 0, cache, all_logits=False)
-    prof_host.disable()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            be.forward(model, prompt, 0, cache, all_logits=False)
+            torch.cuda.synchronize()
+        agg: dict[str, float] = {}
+        for ev in prof.key_averages():
+            if ev.device_time_total > 0:
+                agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total
+        top = sorted(agg.items(), key=lambda kv: -kv[1])[:10]
+        say("   prefill-512 kernel us: " + json.dumps({k[:40]: round(v) for k, v in top}))
+        prof_host = cProfile.Profile()  # where the host time of a prefill goes (is it launch-bound?)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        prof_host.enable()
+        for _ in range(3):
+            be.forward(model, prompt, 0, cache, all_logits=False)
+        prof_host.disable()
+        torch.cuda.synchronize()
     buf = io.StringIO()
     pstats.Stats(prof_host, stream=buf).sort_stats("tottime").print_stats(25)
     say(f"   prefill-512 wall {(time.perf_counter() - t0) / 3 * 1e3:.1f} ms (profiled); host profile:\n" +
         buf.getvalue()[:6000])
     RESULTS["prefill_kernel_us"] = {k: round(v, 1) for k, v in top}
     SUMMARY.append("prefill-512 kernels (us): " + ", ".join(f"{k[:24]} {v:.0f}" for k, v in top[:6]))
-    g.close()
