@@ -100,6 +100,8 @@ def _kernel_profile(be, model, cache) -> dict:
     try:
         from torch.profiler import ProfilerActivity, profile
 
+        from quanta.bench.profile import kernel_totals
+
         be.graphs = False
         out: dict = {}
         be.forward(model, np.arange(5, 1105, dtype=np.int32), 0, cache, all_logits=False)  # a filled cache
@@ -108,16 +110,12 @@ def _kernel_profile(be, model, cache) -> dict:
                 for _ in range(5):
                     be.forward(model, np.asarray([7], np.int32), pos, cache, all_logits=False)
                 torch.cuda.synchronize()
-            agg: dict[str, float] = {}
-            launches = 0
-            for ev in prof.key_averages():
-                if ev.device_time_total > 0:
-                    agg[ev.key] = agg.get(ev.key, 0.0) + ev.device_time_total / 5
-                    launches += ev.count
-            out[f"launches_per_token@{pos}"] = launches / 5
-            out[f"kernel_us_per_token@{pos}"] = {k[:40]: round(v, 1) for k, v in
-                                                 sorted(agg.items(), key=lambda kv: -kv[1])[:8]}
-            out[f"kernel_total_us@{pos}"] = sum(agg.values())
+            events = prof.key_averages()
+            us = {k: 1e6 * v / 5 for k, v in kernel_totals(events).items()}
+            out[f"launches_per_token@{pos}"] = sum(ev.count for ev in events if ev.device_time_total > 0) / 5
+            top = sorted(us.items(), key=lambda kv: -kv[1])[:8]
+            out[f"kernel_us_per_token@{pos}"] = {k: round(v, 1) for k, v in top}
+            out[f"kernel_total_us@{pos}"] = sum(us.values())
         return out
     except Exception as e:  # the profiler is a nice-to-have
         return {"kernel_breakdown_error": repr(e)}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import gguf as gguf_py
 import pytest
 
-from quanta.bench.profile import op_timers
+from quanta.bench.profile import kernel_totals, op_timers
 from quanta.bench.roofline import cpu_read_bandwidth, kv_bytes_per_token
 from quanta.cli.main import main
 
@@ -58,6 +59,7 @@ def test_bytes_per_token_counts_weights_and_kv_as_gguf_py_reads_them(report, smo
 
 def test_breakdown_covers_matmul_by_type_and_other(report):
     r, _ = report
+    assert r["breakdown_of"] == "ops, host time"
     decode = r["breakdown"]["decode"]
     assert {"matmul Q4_1", "matmul Q8_0", "attention", "rms_norm"} <= set(decode)
     assert "other (python, sampling)" in decode
@@ -106,3 +108,23 @@ def test_op_timers_count_composite_ops_once():
     with op_timers(b) as totals:
         b.rope_qk(1, 2)
     assert set(totals) == {"rope_qk"} and totals["rope_qk"] >= 0.02
+
+
+def test_kernel_totals_sum_device_time_by_kernel_name():
+    """The GPU breakdown's grouping (the profiler itself runs only on a GPU: tests/backends/cuda/test_bench_cuda.py):
+    µs summed per name, Triton's ``_x_kernel`` named ``x``, torch's by the op inside, host-only events (no device
+    time) dropped."""
+    ev = [SimpleNamespace(key="_gemv_q8_kernel", device_time_total=300.0),
+          SimpleNamespace(key="_rms_norm_kernel", device_time_total=50.0),
+          SimpleNamespace(key="_gemv_q8_kernel", device_time_total=200.0),
+          SimpleNamespace(key="cudaLaunchKernel", device_time_total=0.0),
+          SimpleNamespace(key="Memcpy HtoD (Pageable -> Device)", device_time_total=2.0),
+          SimpleNamespace(key=TORCH_CAST, device_time_total=7.0)]
+    want = {"gemv_q8": 5e-4, "rms_norm": 5e-5, "Memcpy HtoD (Pageable -> Device)": 2e-6, "torch bfloat16_copy": 7e-6}
+    assert kernel_totals(ev) == pytest.approx(want)
+
+
+# a name torch's profiler gave one of its cast kernels on the H200 (torch 2.11)
+TORCH_CAST = ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda("
+              "at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::"
+              "bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, 2ul>)")

@@ -53,7 +53,7 @@ def format_table(report: dict[str, Any]) -> str:
     for phase, ops in report.get("breakdown", {}).items():
         unit = "ms/token" if phase == "decode" else "ms/prompt"
         total = sum(ops.values()) or 1.0
-        lines += ["", f"{phase} breakdown ({unit}):"]
+        lines += ["", f"{phase} breakdown ({unit}; {report.get('breakdown_of', 'ops')}):"]
         lines += [f"  {op:<28}{ms:9.3f}  {100 * ms / total:5.1f}%" for op, ms in ops.items()]
     return "\n".join(lines)
 
@@ -81,7 +81,7 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     if ops:
         ax2.barh(list(ops)[::-1], list(ops.values())[::-1])
         ax2.set_xlabel("ms per token")
-        ax2.set_title("quanta decode time per op")
+        ax2.set_title(f"quanta decode time ({report.get('breakdown_of', 'ops')})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -25,8 +25,8 @@ def _tanh(x):
 
 
 @triton.jit
-def _gated_kernel(g_ptr, u_ptr, y_ptr, q_ptr, qd_ptr, N, GELU: tl.constexpr, Q8: tl.constexpr, BLOCK: tl.constexpr,
-                  PDL: tl.constexpr):
+def _gated_activation_kernel(g_ptr, u_ptr, y_ptr, q_ptr, qd_ptr, N, GELU: tl.constexpr, Q8: tl.constexpr,
+                             BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.allow_next(PDL)
     pdl.wait_prev(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -44,7 +44,7 @@ def _gated_kernel(g_ptr, u_ptr, y_ptr, q_ptr, qd_ptr, N, GELU: tl.constexpr, Q8:
 
 
 @triton.jit
-def _inplace_kernel(x_ptr, b_ptr, N, B, s, OP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _inplace_elementwise_kernel(x_ptr, b_ptr, N, B, s, OP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """OP 0: x += b[i % B] (row-broadcast add); 1: x *= s; 2: x = s * tanh(x / s)."""
     pdl.allow_next(PDL)
     pdl.wait_prev(PDL)
@@ -67,8 +67,8 @@ def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu:
         out = torch.empty_like(gate)
     n = gate.numel()
     qargs = (q8.q, q8.d) if q8 is not None else (out, out)
-    _gated_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, *qargs, n, GELU=gelu, Q8=q8 is not None, BLOCK=_BLOCK,
-                                             **pdl.launch())
+    _gated_activation_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, *qargs, n, GELU=gelu, Q8=q8 is not None,
+                                                        BLOCK=_BLOCK, **pdl.launch())
     return out
 
 
@@ -87,9 +87,9 @@ def gelu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = No
 def _inplace(x: torch.Tensor, b: torch.Tensor | None, s: float, op: int) -> torch.Tensor:
     assert x.is_contiguous()
     n = x.numel()
-    _inplace_kernel[(triton.cdiv(n, _BLOCK),)](x, b if b is not None else x, n,
-                                               b.numel() if b is not None else 1, s, OP=op, BLOCK=_BLOCK,
-                                               **pdl.launch())
+    _inplace_elementwise_kernel[(triton.cdiv(n, _BLOCK),)](x, b if b is not None else x, n,
+                                                           b.numel() if b is not None else 1, s, OP=op,
+                                                           BLOCK=_BLOCK, **pdl.launch())
     return x
 
 

@@ -43,9 +43,9 @@ def _scores(q, k, scale, softcap, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, N, H, HKV, HD, NCTX, scale, softcap, window,
-                    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    BD: tl.constexpr, PRECISION: tl.constexpr):
+def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, N, H, HKV, HD, NCTX, scale, softcap,
+                              window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr,
+                              BN: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // (H // HKV)
@@ -113,7 +113,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     # fp32 tiles: wide heads (gemma's 256) get smaller tiles and a 2-deep pipeline to fit shared memory
     bm = 16 if n <= 16 else 64 if bd <= 128 else 32
     bn = 32 if bd > 128 else 64
-    _prefill_kernel[(triton.cdiv(n, bm), h)](q, k_cache, v_cache, positions, out, n, h, hkv, hd, n_ctx, scale,
-                                             softcap or 1.0, window, BM=bm, BN=bn, BD=bd, num_warps=4,
-                                             num_stages=2, PRECISION="ieee" if exact else "tf32", **flags)
+    _prefill_attention_kernel[(triton.cdiv(n, bm), h)](q, k_cache, v_cache, positions, out, n, h, hkv, hd, n_ctx,
+                                                       scale, softcap or 1.0, window, BM=bm, BN=bn, BD=bd,
+                                                       num_warps=4, num_stages=2,
+                                                       PRECISION="ieee" if exact else "tf32", **flags)
     return out

@@ -59,11 +59,12 @@ def _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP: tl.conste
 
 
 @triton.jit
-def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV,
-                   HD, NCTX, NSPLIT: tl.constexpr, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr,
-                   WINDOW: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr, SOLO: tl.constexpr,
-                   BN: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, SKIP: tl.constexpr,
-                   Q8: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr, POLL: tl.constexpr):
+def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H,
+                             HKV, HD, NCTX, NSPLIT: tl.constexpr, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr,
+                             WINDOW: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr,
+                             SOLO: tl.constexpr, BN: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr,
+                             BD: tl.constexpr, SKIP: tl.constexpr, Q8: tl.constexpr, DOT: tl.constexpr,
+                             PDL: tl.constexpr, POLL: tl.constexpr):
     """Program (hk, c): the G query heads of KV head ``hk`` (G = the group rounded up to a power of two, and to 16
     for tensor-core dots) against chunk c of the visible keys, in BN-key tiles.
 
@@ -304,7 +305,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positi
     ns = triton.next_power_of_2(nsplit)
     # splits per combine step (unrolled): 2 steps, or more where a step would hold > 64 values per thread
     bs = min(ns, max(4096 // (group * bd), ns // 2), 2048 * scratch.warps // (group * bd))
-    _decode_kernel[(hkv, scratch.nprog)](
+    _decode_attention_kernel[(hkv, scratch.nprog)](
         q, k_cache, v_cache, positions, out, *qargs, scratch.o, scratch.m, scratch.l, scratch.count, h, hkv, hd,
         n_ctx, nsplit, scratch.nprog, scale, softcap or 1.0, window, SOFTCAP=softcap > 0, WINDOW=window > 0,
         G=group if scratch.dot == "ieee" else max(16, group), GC=group, MINB=max(1, scratch.chunk // bn),

@@ -5,8 +5,8 @@ byte arrives. With PDL every kernel first lets the next one launch (``allow_next
 no earlier kernel writes (weights, norm weights) before it waits for its predecessor (``wait_prev``): the weight
 stream of one kernel overlaps the tail of the last. Every kernel launched with PDL must call ``wait_prev`` before
 it reads or writes any activation, cache or scratch memory; the one exception is the decode attention, which
-reads the K/V rows of earlier decode steps before it waits (flash_decode.py's ``_decode_kernel``). Off under the
-Triton interpreter and before sm_90, and with ``QUANTA_PDL=0``.
+reads the K/V rows of earlier decode steps before it waits (flash_decode.py's ``_decode_attention_kernel``). Off under
+the Triton interpreter and before sm_90, and with ``QUANTA_PDL=0``.
 """
 
 from __future__ import annotations
