@@ -15,6 +15,13 @@ class ContextOverflowError(QuantaError):
     """The prompt (plus the tokens asked for) does not fit in the context."""
 
 
+class NoCUDAError(QuantaError):
+    """``--device cuda`` where torch sees no NVIDIA GPU."""
+
+    def __init__(self) -> None:
+        super().__init__("--device cuda needs an NVIDIA GPU with a CUDA build of torch; none was found")
+
+
 def is_user_error(e: BaseException) -> bool:
     """True for errors caused by the user's input (bad file, unknown model, bad argument), not by a bug."""
     from quanta.gguf import GGUFError

@@ -55,3 +55,13 @@ def test_run_user_errors(smollm2_path, capsys, args, message):
 def test_unknown_model(capsys):
     assert main(["run", "-m", "no-such-model", "hi"]) == 2
     assert "no-such-model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", [["run", "hi"], ["bench", "-p", "8", "-n", "2", "--repeats", "1"]])
+def test_device_cuda_without_a_gpu_is_a_clear_error(smollm2_path, capsys, verb):
+    """Both the generator and the benchmark (which probes the GPU's bandwidth before it loads the model)."""
+    if pytest.importorskip("torch").cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert main([verb[0], "-m", str(smollm2_path), "--device", "cuda", *verb[1:]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("quanta: error: --device cuda needs an NVIDIA GPU") and "Traceback" not in err

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from quanta.errors import NoCUDAError
 from quanta.gguf import GGUFFile
 
 
@@ -55,6 +56,9 @@ def cpu_read_bandwidth(threads: int, size_mb: int = 512, repeats: int = 5) -> fl
 def cuda_read_bandwidth(size_gb: float = 4.0, repeats: int = 10) -> float:
     """Median read bandwidth in bytes/s of ``x.sum()`` over ``size_gb`` GB of random fp32 on the GPU."""
     import torch
+
+    if not torch.cuda.is_available():
+        raise NoCUDAError()
 
     x = torch.rand(int(size_gb * (1 << 30)) // 4, device="cuda")
     x.sum()

@@ -27,7 +27,7 @@ from quanta.backends.cuda.q8gemv import Q8_CONFIG, Q8Activation, quantize
 from quanta.backends.cuda.qmatmul import GEMV_CONFIG, GEMV_MAX_ROWS, gemv_launch, qmatmul
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight, fuse, repack
 from quanta.backends.cuda.sampling import Argmax
-from quanta.errors import QuantaError
+from quanta.errors import NoCUDAError, QuantaError
 from quanta.gguf import TensorInfo
 
 
@@ -82,7 +82,7 @@ class CUDABackend(Backend):
         self.kv_dtype = torch.float32 if exact else torch.float16
         self.decode_dot = "ieee" if exact else "fp16"
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise QuantaError("--device cuda needs an NVIDIA GPU with a CUDA build of torch; none was found")
+            raise NoCUDAError()
         self.graphs = graphs and self.device.type == "cuda"
         self._primer: threading.Thread | None = None
         if self.device.type == "cuda":
