@@ -10,6 +10,7 @@ import gguf as gguf_py
 import pytest
 
 from quanta.bench.profile import kernel_totals, op_timers
+from quanta.bench.report import format_table
 from quanta.bench.roofline import cpu_read_bandwidth, kv_bytes_per_token
 from quanta.cli.main import main
 
@@ -36,6 +37,11 @@ def test_report_has_the_documented_keys_for_both_engines(report):
     assert r["decode_ratio"] == pytest.approx(r["decode_tok_s"] / r["baseline"]["decode_tok_s"])
     assert r["prefill_ratio"] == pytest.approx(r["prefill_tok_s"] / r["baseline"]["prefill_tok_s"])
     assert r["baseline"]["decode_ratio"] == r["decode_ratio"]
+
+
+def test_table_header_names_the_device_and_threads(report):
+    r, _ = report
+    assert format_table(r).splitlines()[0].startswith(f"model {r['model']} · cpu · 2 threads · p=32 n=8")
 
 
 def test_spread_brackets_the_median(report):

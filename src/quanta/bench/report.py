@@ -33,7 +33,10 @@ def format_table(report: dict[str, Any]) -> str:
     if "cold_start_s" in report:
         rows.append(("cold start → first token s", lambda r: f"{r.get('cold_start_s', float('nan')):.2f}"))
         rows.append(("peak RSS MB", lambda r: f"{r.get('peak_rss_bytes', 0) / 1e6:.0f}"))
-    head = (f"model {report['model']} · {report['device']} · {report['threads']} threads · "
+    where = f"{report['device']} ({report['device_name']})" if "device_name" in report else report["device"]
+    if report["device"] == "cpu" or "baseline" in report:  # the GPU runs no CPU threads; llama.cpp does
+        where += f" · {report['threads']} threads"
+    head = (f"model {report['model']} · {where} · "
             f"p={report['prompt_tokens']} n={report['decode_tokens']} · {report['repeats']} repeats · median (min–max)\n"
             f"bytes read per token {report['bytes_per_token'] / 1e6:.1f} MB · "
             f"measured read bandwidth {report['bandwidth_gb_s']:.1f} GB/s · "

@@ -185,6 +185,10 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True) -> dict[str, Any]:
               "prompt_tokens": cfg.prompt_tokens, "decode_tokens": cfg.decode_tokens, "depth": cfg.depth,
               "repeats": cfg.repeats, "bandwidth_gb_s": bandwidth / 1e9, "file_bytes": shape["file_bytes"],
               **_summarise(runs["quanta"], deep["quanta"], shape, cfg, bandwidth, kv_itemsize)}
+    if cfg.device == "cuda":
+        import torch
+
+        report["device_name"] = torch.cuda.get_device_name()
     if cfg.breakdown:
         report["breakdown"] = _breakdown(engines["quanta"], prompt, cfg)
         report["breakdown_of"] = "CUDA kernels, device time, eager" if cfg.device == "cuda" else "ops, host time"

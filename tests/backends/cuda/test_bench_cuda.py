@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quanta.bench.report import format_table
 from quanta.bench.runner import BenchConfig, run_bench
 from quanta.synth import get_preset, synthesize
 
@@ -17,6 +18,8 @@ def test_bench_reports_kernels_and_steady_figures(tmp_path) -> None:
     r = run_bench(BenchConfig(model=path, device="cuda", prompt_tokens=64, decode_tokens=16, depth=96, repeats=3,
                               cold_start=False), progress=False)
     assert r["breakdown_of"].startswith("CUDA kernels")
+    head = format_table(r).splitlines()[0]
+    assert f"cuda ({torch.cuda.get_device_name()})" in head and "threads" not in head, head
     decode, prefill = r["breakdown"]["decode"], r["breakdown"]["prefill"]
     # the default mode's decode: int8 GEMVs, the split-KV attention, the norms; prefill: the GEMM
     assert {"gemv_q8", "decode_attention", "rms_norm"} <= set(decode), decode
