@@ -65,3 +65,10 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(smollm2_path, capsys, verb):
     assert main([verb[0], "-m", str(smollm2_path), "--device", "cuda", *verb[1:]]) == 2
     err = capsys.readouterr().err
     assert err.startswith("quanta: error: --device cuda needs an NVIDIA GPU") and "Traceback" not in err
+
+
+def test_a_context_larger_than_memory_is_a_clear_error(smollm2_path, capsys):
+    """Before: the rotary table of 10^9 positions was allocated first and the OOM killer ended the process."""
+    assert main(["run", "-m", str(smollm2_path), "--n-ctx", "1000000000", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("quanta: error: n_ctx 1,000,000,000 needs") and "Traceback" not in err

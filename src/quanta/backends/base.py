@@ -43,6 +43,11 @@ class Backend(ABC):
     """A device: owns the arrays, the prepared weights, the KV-cache arena and the ops on them."""
 
     name: str = "base"
+    kv_itemsize: int = 4  # bytes per cached K or V value
+
+    def free_memory(self) -> int | None:
+        """Bytes this device can still allocate, or None where unknown (then any n_ctx is tried)."""
+        return None
 
     # ---- loading ---------------------------------------------------------------------------------------------
     @abstractmethod

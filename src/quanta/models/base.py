@@ -55,6 +55,7 @@ class Model:
     def __init__(self, gguf: GGUFFile, config: ModelConfig, backend: Backend, n_ctx: int):
         self.config, self.backend, self.n_ctx = config, backend, n_ctx
         self.gguf = gguf
+        self._check_context_fits()
         self.tok_embd = self.matrix("token_embd.weight")
         self.output_norm = self.vector("output_norm.weight")
         # tied embeddings: no output.weight, the embedding matrix doubles as the lm head
@@ -64,6 +65,15 @@ class Model:
         self.layers = [self.fuse_layer(self.load_layer(i)) for i in range(config.n_layers)]
 
     # ---- loading ---------------------------------------------------------------------------------------------
+    def _check_context_fits(self) -> None:
+        """Before anything is allocated: n_ctx's KV cache and rotary table against the device's free memory
+        (a context the machine cannot hold is a clear error, not an allocation failure or the OOM killer)."""
+        c, free = self.config, self.backend.free_memory()
+        need = self.n_ctx * (2 * c.n_layers * c.n_kv_heads * c.head_dim * self.backend.kv_itemsize + 4 * c.rope_dim)
+        if free is not None and need > free:
+            raise QuantaError(f"n_ctx {self.n_ctx:,} needs {need / 2**30:,.1f} GiB for the KV cache, and the "
+                              f"{self.backend.name} device has {free / 2**30:,.1f} GiB free; lower n_ctx (--n-ctx)")
+
     def tensor(self, name: str) -> TensorInfo:
         try:
             return self.gguf.tensors[name]

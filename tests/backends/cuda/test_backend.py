@@ -86,6 +86,26 @@ def test_kv_cache_is_fp16_by_default_and_fp32_when_exact(tmp_path: Path, device:
     g = gguf.open(path)
     for backend, itemsize in ((CUDABackend(device), 2), (CUDABackend(device, exact=True), 4), (CPUBackend(), 4)):
         kv = KVCache(backend, load_model(g, backend, 48).kv_shape())
-        assert kv.itemsize == itemsize
+        assert kv.itemsize == itemsize == backend.kv_itemsize  # what the context-size check counts
         s = kv.shape
         assert kv.arena.nbytes == 2 * s.n_layers * s.n_kv_heads * 48 * s.head_dim * itemsize
+
+
+def test_kv_cache_out_of_gpu_memory_is_a_clear_error(tmp_path: Path, device: str, monkeypatch) -> None:
+    """The context check passed (free memory is read before the weights upload) but the cache still does not fit:
+    torch's out-of-memory error becomes a QuantaError that names n_ctx."""
+    import torch
+
+    from quanta.backends.cuda import backend as cuda_backend
+    from quanta.errors import QuantaError
+
+    path = write_tiny_model(tmp_path / "llama.gguf", "llama", types=QK_FUSED, d_model=256, d_ff=256, n_layers=2)
+    backend = cuda_backend.CUDABackend(device)
+    model = load_model(gguf.open(path), backend, 48)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    monkeypatch.setattr(cuda_backend, "CUDAKVCache", out_of_memory)
+    with pytest.raises(QuantaError, match="KV cache for n_ctx 48 .* lower n_ctx"):
+        backend.kv_cache(model.kv_shape())

@@ -64,6 +64,14 @@ class CPUBackend(Backend):
     def to_host(self, a: np.ndarray) -> np.ndarray:
         return np.asarray(a)
 
+    def free_memory(self) -> int | None:
+        """The kernel's estimate of memory available without swapping (``MemAvailable``; Linux)."""
+        try:
+            with open("/proc/meminfo") as f:
+                return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            return None
+
     def rope_table(self, inv_freq: np.ndarray, n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
         angles = np.arange(n_ctx, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
         return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)

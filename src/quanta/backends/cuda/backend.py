@@ -80,6 +80,7 @@ class CUDABackend(Backend):
         self.exact = exact
         self.q8 = not exact and os.environ.get("QUANTA_Q8", "1") != "0"
         self.kv_dtype = torch.float32 if exact else torch.float16
+        self.kv_itemsize = 4 if exact else 2
         self.decode_dot = "ieee" if exact else "fp16"
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise NoCUDAError()
@@ -128,13 +129,21 @@ class CUDABackend(Backend):
     def to_host(self, a: torch.Tensor) -> np.ndarray:
         return a.detach().cpu().numpy()
 
+    def free_memory(self) -> int | None:
+        return torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+
     def rope_table(self, inv_freq: np.ndarray, n_ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return rope.rope_table(inv_freq, n_ctx, self.device)
 
     def kv_cache(self, shape: KVShape) -> CUDAKVCache:
         self._graphs.clear()
         self._prefill_uses.clear()
-        return CUDAKVCache(shape, self.device, self.kv_dtype)
+        try:
+            return CUDAKVCache(shape, self.device, self.kv_dtype)
+        except torch.OutOfMemoryError:
+            need = 2 * shape.n_layers * shape.n_kv_heads * shape.n_ctx * shape.head_dim * self.kv_itemsize
+            raise QuantaError(f"the KV cache for n_ctx {shape.n_ctx:,} ({need / 2**30:.1f} GiB) does not fit in "
+                              f"the GPU's free memory next to the weights; lower n_ctx (--n-ctx)") from None
 
     def buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         size = int(np.prod(shape))
