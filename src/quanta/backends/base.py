@@ -38,6 +38,10 @@ class KVShape:
     head_dim: int
     n_ctx: int
 
+    def nbytes(self, itemsize: int) -> int:
+        """The arena's size with ``itemsize`` bytes per cached value."""
+        return 2 * self.n_layers * self.n_kv_heads * self.n_ctx * self.head_dim * itemsize
+
 
 class Backend(ABC):
     """A device: owns the arrays, the prepared weights, the KV-cache arena and the ops on them."""

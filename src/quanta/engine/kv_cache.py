@@ -25,8 +25,7 @@ class KVCache:
     @property
     def itemsize(self) -> int:
         """Bytes per cached K or V value (4 for float32, 2 for the GPU default mode's float16)."""
-        s = self.shape
-        return self.arena.nbytes // (2 * s.n_layers * s.n_kv_heads * s.n_ctx * s.head_dim)
+        return self.arena.nbytes // self.shape.nbytes(1)
 
     def reuse(self, ids: Sequence[int]) -> int:
         """Keep the cached prefix shared with ``ids`` (at most len(ids) - 1, so the last token is recomputed

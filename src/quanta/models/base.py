@@ -68,8 +68,8 @@ class Model:
     def _check_context_fits(self) -> None:
         """Before anything is allocated: n_ctx's KV cache and rotary table against the device's free memory
         (a context the machine cannot hold is a clear error, not an allocation failure or the OOM killer)."""
-        c, free = self.config, self.backend.free_memory()
-        need = self.n_ctx * (2 * c.n_layers * c.n_kv_heads * c.head_dim * self.backend.kv_itemsize + 4 * c.rope_dim)
+        free = self.backend.free_memory()
+        need = self.kv_shape().nbytes(self.backend.kv_itemsize) + self.n_ctx * 4 * self.config.rope_dim  # + cos/sin
         if free is not None and need > free:
             raise QuantaError(f"n_ctx {self.n_ctx:,} needs {need / 2**30:,.1f} GiB for the KV cache, and the "
                               f"{self.backend.name} device has {free / 2**30:,.1f} GiB free; lower n_ctx (--n-ctx)")

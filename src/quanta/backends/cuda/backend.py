@@ -141,7 +141,7 @@ class CUDABackend(Backend):
         try:
             return CUDAKVCache(shape, self.device, self.kv_dtype)
         except torch.OutOfMemoryError:
-            need = 2 * shape.n_layers * shape.n_kv_heads * shape.n_ctx * shape.head_dim * self.kv_itemsize
+            need = shape.nbytes(self.kv_itemsize)
             raise QuantaError(f"the KV cache for n_ctx {shape.n_ctx:,} ({need / 2**30:.1f} GiB) does not fit in "
                               f"the GPU's free memory next to the weights; lower n_ctx (--n-ctx)") from None
 
