@@ -4,7 +4,8 @@ measured read bandwidth for the roofline. Full log in $OUT/gpu_check.log, number
 summary table is printed last.
 
 Usage (repo root, on the GPU machine): PYTHONPATH=src python3 scripts/gpu_check.py [--quick] [--only NAME,...]
-(sections: tests, kernels, depth, tune, ab, benchfirst, compare, bench, ttft, prefillprof, compare2, synthcompare)
+(sections: tests, attntests, kernels, depth, tune, tune6, ab, layout, benchfirst, compare, bench, ttft, prefillprof,
+compare2, synthcompare)
 (the speed sections live in gpu_speed.py, the shared helpers in gpu_common.py)
 """
 
@@ -21,11 +22,11 @@ import numpy as np
 import torch
 
 from gpu_common import BENCH_PRESETS, OUT, RESULTS, SUMMARY, WORK, bandwidth, random_raw, say, section, synth
-from gpu_speed import bench, depth_sweep, first_token, prefill_profile, tune, variants_ab
+from gpu_speed import bench, depth_sweep, first_token, layout_ab, prefill_profile, tune, variants_ab
 
 
 @section("pytest tests/backends/cuda on the GPU (tests needing gguf-py skip where it is missing)")
-def gpu_tests(timeout_s: int = 420, path: str = "tests/backends/cuda") -> None:
+def gpu_tests(timeout_s: int = 540, path: str = "tests/backends/cuda") -> None:
     cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", "-rfs"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -107,7 +108,8 @@ def kernel_checks(rows: tuple[int, ...] = (1, 3, 77)) -> None:
             qmatmul(x, w, out=y, xq=xq)
             ref = xd @ dequantize_packed(w).double().T
             worst[f"{t} {gemv_class(n, k)} int8"] = ((y.double() - ref).norm() / ref.norm()).item()
-    bad = {k: v for k, v in worst.items() if not (v < (2e-3 if ("m=77" in k or "m=300" in k) and "ieee" not in k
+    # the fast GEMM's bf16 operands (8-bit mantissas) cost ~2.3e-3 here; IEEE dots and the GEMVs 1e-7
+    bad = {k: v for k, v in worst.items() if not (v < (4e-3 if ("m=77" in k or "m=300" in k) and "ieee" not in k
                                                        else 1e-5))}
     for k, v in worst.items():
         say(f"  {k:22s} rel err {v:.2e}")
@@ -252,8 +254,13 @@ def main() -> None:
         depth_sweep([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "tune" in only:  # the int8 GEMV's tiles (set in this process for what follows)
         tune()
+    if "tune6" in only:  # the same, for the 4-bit codes with high bits (Q6_K) only
+        tune((6,))
     if "ab" in only:  # decode variants (gpu_speed.VARIANTS), alternating in one process
-        variants_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
+        variants_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q5_K_M"),)])
+    if "layout" in only:  # 5/6-bit weights: high-bit planes against 8-bit codes, alternating in one process
+        layout_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q5_K_M"),
+                                                                            ("llama-3.2-1b", "Q6_K"))])
     if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
         bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)
     if "compare" in only:  # tiny models of three architectures and synthetic SmolLM2 against the CPU exact mode

@@ -4,6 +4,9 @@
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1 OUT="${OUT:-gpu_out}"
+# gguf-py and PyYAML (which it imports) copied into gpu_parts/pylib (git-ignored: name it in the device call's carry;
+# cp -r .venv/lib/python3.11/site-packages/{gguf,yaml} gpu_parts/pylib/): the reference tests run instead of skipping
+[ -d gpu_parts/pylib ] && export PYTHONPATH=src:gpu_parts/pylib
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$OUT/gpu_check.log"
 real=""

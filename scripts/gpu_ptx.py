@@ -21,9 +21,10 @@ from triton.compiler import ASTSource
 from quanta.backends.cuda import q8gemv as q8m
 from quanta.backends.cuda import qmatmul as qm
 
-FORMATS = {  # name: (BITS, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN)
-    "Q4_K": (4, 32, 256, 0, True, True, True), "Q6_K": (8, 16, 256, 32, True, False, False),
-    "Q4_0": (4, 32, 32, 8, False, False, False), "Q8_0": (8, 32, 32, 128, False, False, False),
+FORMATS = {  # name: (BITS, HB, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN)
+    "Q4_K": (4, 0, 32, 256, 0, True, True, True), "Q6_K": (4, 2, 16, 256, 32, True, False, False),
+    "Q5_K": (4, 1, 32, 256, 0, True, True, True), "Q4_0": (4, 0, 32, 32, 8, False, False, False),
+    "Q8_0": (8, 0, 32, 32, 128, False, False, False),
 }
 
 
@@ -31,15 +32,15 @@ def compile_gemv(fmt: str, bn: int, bj: int, warps: int, masked: bool = False, p
                  rope: str = "", pre2: bool = False):
     """The float GEMV, or (q8) the int8-activation GEMV of q8gemv.py, compiled for sm_90 (rope: "", "llama" or
     "neox": with the rope epilogue; pre2: the int8 GEMV's first two K steps before the wait)."""
-    bits, g, sb, qoff, has_sc, has_min, has_mn = FORMATS[fmt]
+    bits, hb, g, sb, qoff, has_sc, has_min, has_mn = FORMATS[fmt]
     fn = q8m._gemv_q8_kernel if q8 else qm._gemv_kernel
     x_args = {"xq_ptr": "*i32", "xd_ptr": "*fp32"} if q8 else {"x_ptr": "*fp32"}
-    sig = {**x_args, "q_ptr": "*i32", "d_ptr": "*fp16", "sc_ptr": "*i8", "dmin_ptr": "*fp16",
+    sig = {**x_args, "q_ptr": "*i32", "qh_ptr": "*i32", "d_ptr": "*fp16", "sc_ptr": "*i8", "dmin_ptr": "*fp16",
            "mn_ptr": "*u8", "res_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*fp32", "y1_ptr": "*fp32",
-           "y2_ptr": "*fp32", "N": "i32", "N1": "i32", "N2": "i32", "K": "i32", "QW": "i32",
+           "y2_ptr": "*fp32", "N": "i32", "N1": "i32", "N2": "i32", "K": "i32", "QW": "i32", "QHW": "i32",
            **({} if q8 else {"stride_x": "i32"}), "stride_y": "i32", "pos_ptr": "*i32", "cos_ptr": "*fp32",
            "sin_ptr": "*fp32", "ROW0": "i32", "HD": "i32", "HALF": "i32", "NCTX": "i32"}
-    consts = dict(BITS=bits, G=g, SB=sb, QOFF=qoff, HAS_SC=has_sc, HAS_MIN=has_min, HAS_MN=has_mn, HAS_RES=False,
+    consts = dict(BITS=bits, HB=hb, G=g, SB=sb, QOFF=qoff, HAS_SC=has_sc, HAS_MIN=has_min, HAS_MN=has_mn, HAS_RES=False,
                   HAS_BIAS=False, SPLIT=False, ROPE=bool(rope), NEOX=rope == "neox", BN=bn, BJ=bj, MASKED=masked,
                   **({"EMULATE": False, "PRE2": pre2} if q8 else {}), PDL=pdl)
     for k in consts:

@@ -19,11 +19,11 @@ from gpu_common import OUT, RESULTS, SUMMARY, WORK, cuda_time, say, section
 
 
 @section("GEMV tile sweep (sets the config the benchmarks use)")
-def tune() -> None:
+def tune(widths: tuple[int, ...] = (4, 6, 8)) -> None:
     sys.path.insert(0, "scripts")
     import gpu_tune
 
-    best = {f"{bits}-bit {cls}": cfg for (bits, cls), cfg in gpu_tune.q8().items()}
+    best = {f"{bits}-bit {cls}": cfg for (bits, cls), cfg in gpu_tune.q8(widths).items()}
     RESULTS["q8_gemv_config"] = best
     SUMMARY.append(f"int8 GEMV configs chosen by the sweep: {best}")
 
@@ -184,7 +184,10 @@ def _decode_config(tiles: dict | None = None, **scratch):
 SHIPPED: dict = {}  # DecodeScratch's keyword defaults and the int8 GEMV's tiles as shipped
 VARIANTS = {  # decode variants compared in one process: what each does to the backend before its runs
     "shipped": _decode_config(),
-    "ticket everywhere": _decode_config(poll=False),
+    "6-bit head 2x64": _decode_config({(6, "head"): {"BN": 2}}),
+    "6-bit head 8x64 2w": _decode_config({(6, "head"): {"BN": 8, "num_warps": 2}}),
+    "6-bit long 1x128 2w": _decode_config({(6, "long"): {"BJ": 128, "num_warps": 2}}),
+    "6-bit base 2x64": _decode_config({(6, "base"): {"BN": 2}}),
 }
 
 
@@ -204,6 +207,48 @@ def variants_ab(models: list[tuple[str, Path]], reps: int = 3, n_ctx: int = 2048
         line = f"{name:22s} decode " + ", ".join(f"{lab} {med[(0, lab)]:.0f}" for lab in VARIANTS) + \
             " | @1024 " + ", ".join(f"{med[(1024, lab)]:.0f} ({100 * med[(1024, lab)] / med[(0, lab)]:.0f}%)"
                                    for lab in VARIANTS)
+        say("  ", line, json.dumps({f"{d} {lab}": [round(x) for x in v] for (d, lab), v in rates.items()}))
+        SUMMARY.append(line)
+
+
+@contextlib.contextmanager
+def _without_high_planes():
+    """Repack 5- and 6-bit formats as before session 12 (8-bit codes) while loading."""
+    from quanta.backends.cuda import repack
+
+    saved = dict(repack.HIGH_BITS)
+    repack.HIGH_BITS.clear()
+    try:
+        yield
+    finally:
+        repack.HIGH_BITS.update(saved)
+
+
+@section("5/6-bit weights as 4-bit + high-bit planes vs 8-bit codes, alternating in one process")
+def layout_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
+    """The same file loaded twice (the two repacks), decode at depth 0 and 1,024 and prefill-512 alternating."""
+    for name, path in models:
+        rates: dict = {}
+        with contextlib.ExitStack() as stack:
+            be, model, _ = stack.enter_context(_loaded(path, 2048))
+            with _without_high_planes():
+                be8, model8, _ = stack.enter_context(_loaded(path, 2048))
+            runs = {"planes": (be, model, be.kv_cache(model.kv_shape())),
+                    "8-bit": (be8, model8, be8.kv_cache(model8.kv_shape()))}
+            mb = {lab: bytes_per_token(m) / 1e6 for lab, (_, m, _) in runs.items()}
+            prompt = np.random.default_rng(0).integers(5, min(model.n_vocab, 30000), size=512).astype(np.int32)
+            for _ in range(reps):
+                for lab, (b, m, c) in runs.items():
+                    for depth in (0, 1024):
+                        rates.setdefault((depth, lab), []).append(decode_rate(b, m, c, depth, 128))
+                    pf = cuda_time(lambda b=b, m=m, c=c: b.forward(m, prompt, 0, c, all_logits=False), reps=5,
+                                   warmup=2)
+                    rates.setdefault(("prefill", lab), []).append(512 / pf)
+        med = {k: float(np.median(v)) for k, v in rates.items()}
+        line = f"{name:22s} " + " | ".join(
+            f"{lab} ({mb[lab]:.0f} MB/token): decode {med[(0, lab)]:.0f}, @1024 {med[(1024, lab)]:.0f} "
+            f"({100 * med[(1024, lab)] / med[(0, lab)]:.1f}%), prefill-512 {med[('prefill', lab)]:.0f}"
+            for lab in ("planes", "8-bit"))
         say("  ", line, json.dumps({f"{d} {lab}": [round(x) for x in v] for (d, lab), v in rates.items()}))
         SUMMARY.append(line)
 

@@ -35,14 +35,14 @@ GEMV_SHAPES = {  # (code width, class): decode shapes of the benchmark models (T
     (4, "base"): [((2048, 2048), "Q4_K"), ((5632, 2048), "Q4_K"), ((8192, 2048), "Q4_K"), ((1536, 1536), "Q4_0"),
                   ((8960, 1536), "Q4_0")],
     (4, "long"): [((2048, 5632), "Q4_K"), ((2048, 8192), "Q4_K"), ((1536, 8960), "Q4_0")],
-    (8, "small"): [((256, 2048), "Q6_K"), ((512, 2048), "Q6_K")],
-    (8, "long"): [((2048, 5632), "Q6_K"), ((2048, 8192), "Q6_K")],
-    (8, "head"): [((32000, 2048), "Q6_K"), ((151936, 1536), "Q6_K")],
+    (6, "long"): [((2048, 5632), "Q6_K"), ((2048, 8192), "Q6_K")],
+    (6, "head"): [((32000, 2048), "Q6_K"), ((128256, 2048), "Q6_K"), ((151936, 1536), "Q6_K")],
 }
 GEMV_CONFIGS = {  # (BN, BJ, num_warps)
     4: [(1, 64, 2), (2, 64, 2), (4, 64, 2), (4, 32, 1), (8, 32, 2), (4, 128, 4), (8, 64, 4), (16, 64, 4)],
     8: [(1, 64, 2), (2, 32, 1), (2, 64, 2), (2, 128, 4), (4, 128, 4), (4, 64, 2), (8, 64, 4)],
 }
+GEMV_CONFIGS[6] = GEMV_CONFIGS[4]
 
 
 def graph_time(fn, ws, reps: int = 5) -> float:
@@ -54,16 +54,21 @@ Q8_CONFIGS = {  # (BN, BJ, num_warps)
     4: [(1, 64, 2), (2, 64, 2), (4, 64, 2), (4, 32, 1), (8, 32, 2), (4, 128, 4), (8, 64, 4), (16, 32, 4),
         (16, 64, 4), (8, 128, 8)],
     8: [(1, 64, 2), (2, 32, 1), (2, 64, 2), (2, 128, 4), (4, 128, 4), (4, 64, 2), (8, 64, 4), (8, 32, 2)],
+    6: [(1, 64, 2), (1, 256, 4), (2, 32, 1), (2, 64, 2), (4, 64, 1), (4, 32, 1), (2, 128, 4), (4, 64, 2),
+        (8, 32, 2), (4, 128, 4), (8, 64, 4)],
 }
 
 
-def sweep(label: str, table: dict, configs: dict, int8: bool) -> dict:
+def sweep(label: str, table: dict, configs: dict, int8: bool, widths: tuple[int, ...] = (4, 6, 8)) -> dict:
     """Per (code width, class): the config with the least total graph time over that class's shapes, for the
     float GEMV (tiles in ``table`` = qmatmul.GEMV_CONFIG) or the int8 one (q8gemv.Q8_CONFIG; the float GEMV's time
     at its current tile is printed beside it). Sets ``table`` and returns the choices; prints each shape's best
     configs with their GB/s."""
     chosen = {}
+    pre = {"PRE": 2} if int8 else {}  # the int8 GEMV's first two K steps before its wait, as shipped
     for (bits, cls), shapes in GEMV_SHAPES.items():
+        if bits not in widths:
+            continue
         totals: dict = {}
         for (n, k), t in shapes:
             ws = weights(t, n, k, max(4, min(64, int(400e6 // (n * k)))))
@@ -75,7 +80,7 @@ def sweep(label: str, table: dict, configs: dict, int8: bool) -> dict:
             res = []
             for cfg in configs[bits]:
                 bn, bj, nw = cfg
-                table[(bits, cls)] = {"BN": bn, "BJ": bj, "num_warps": nw}
+                table[(bits, cls)] = {"BN": bn, "BJ": bj, "num_warps": nw, **pre}
                 try:
                     s = graph_time(lambda w: qm.qmatmul(x, w, out=y, xq=xq), ws)
                 except Exception as e:  # a config the compiler rejects
@@ -89,7 +94,7 @@ def sweep(label: str, table: dict, configs: dict, int8: bool) -> dict:
             del ws
         cfg, tot = min(totals.items(), key=lambda kv: kv[1])
         print(f"{label} {bits}-bit {cls}: best {cfg} ({tot * 1e6:.1f} us for {len(shapes)} shapes)", flush=True)
-        chosen[(bits, cls)] = table[(bits, cls)] = {"BN": cfg[0], "BJ": cfg[1], "num_warps": cfg[2]}
+        chosen[(bits, cls)] = table[(bits, cls)] = {"BN": cfg[0], "BJ": cfg[1], "num_warps": cfg[2], **pre}
     return chosen
 
 
@@ -98,9 +103,9 @@ def gemv() -> dict:
     return sweep("GEMV", qm.GEMV_CONFIG, GEMV_CONFIGS, int8=False)
 
 
-def q8() -> dict:
-    """The int8 GEMV's tiles (q8gemv.Q8_CONFIG)."""
-    return sweep("Q8 GEMV", q8m.Q8_CONFIG, Q8_CONFIGS, int8=True)
+def q8(widths: tuple[int, ...] = (4, 6, 8)) -> dict:
+    """The int8 GEMV's tiles (q8gemv.Q8_CONFIG) of the code widths ``widths``."""
+    return sweep("Q8 GEMV", q8m.Q8_CONFIG, Q8_CONFIGS, int8=True, widths=widths)
 
 
 if __name__ == "__main__":

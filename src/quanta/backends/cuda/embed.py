@@ -24,9 +24,24 @@ def _byte_to_f32(v):
 
 
 @triton.jit
-def _load_halves(q_ptr, rows, rmask, kc, kj, QS, kmask, KIND: tl.constexpr, MASKED: tl.constexpr):
+def _high_bits(qh_ptr, rows, kc, kj, QHS, mask, HB: tl.constexpr, MASKED: tl.constexpr):
+    """The high bits of weights ``kj`` ([1, 16]) of chunks ``kc`` ([C, 1]), times 16 ([R, C, 16] int32; codes.py):
+    weight 8b + j is in byte b of word j // F, at bit HB * (j % F), F = 8 // HB."""
+    F: tl.constexpr = 8 // HB
+    j = kj % 8
+    p = qh_ptr + rows[:, None, None] * QHS + (kc * (4 * HB) + 4 * (j // F) + kj // 8)[None, :, :]
+    if MASKED:
+        h = tl.load(p, mask=mask, other=0)
+    else:
+        h = tl.load(p)
+    return ((h.to(tl.int32) >> (HB * (j % F))[None, :, :]) & ((1 << HB) - 1)) << 4
+
+
+@triton.jit
+def _load_halves(q_ptr, qh_ptr, rows, rmask, kc, kj, QS, QHS, kmask, KIND: tl.constexpr, HB: tl.constexpr,
+                 MASKED: tl.constexpr):
     """Unsigned codes of the low and high half of each chunk in weight order: two [R, C, 16] float32 tiles
-    (QS: the code row stride in bytes, kc: [C, 1] chunk indices, kj: [1, 16])."""
+    (QS, QHS: the code planes' row strides in bytes, kc: [C, 1] chunk indices, kj: [1, 16])."""
     if KIND == 0:  # weight 4s + w: byte 4w + s//2, nibble s % 2
         lo_ptr = q_ptr + rows[:, None, None] * QS + (kc * 16 + 4 * (kj % 4) + kj // 8)[None, :, :]
         hi_ptr = lo_ptr + 2
@@ -37,16 +52,21 @@ def _load_halves(q_ptr, rows, rmask, kc, kj, QS, kmask, KIND: tl.constexpr, MASK
     else:  # dense floats
         lo_ptr = q_ptr + rows[:, None, None] * QS + (kc * 32 + kj)[None, :, :]
         hi_ptr = lo_ptr + 16
+    mask = rmask[:, None, None] & kmask[None, :, :]
     if MASKED:
-        m = rmask[:, None, None] & kmask[None, :, :]
-        a = tl.load(lo_ptr, mask=m, other=0)
-        b = tl.load(hi_ptr, mask=m, other=0)
+        a = tl.load(lo_ptr, mask=mask, other=0)
+        b = tl.load(hi_ptr, mask=mask, other=0)
     else:
         a = tl.load(lo_ptr)
         b = tl.load(hi_ptr)
     if KIND == 0:
-        lo = _byte_to_f32((a.to(tl.int32) >> shift) & 15)
-        hi = _byte_to_f32((b.to(tl.int32) >> shift) & 15)
+        a = (a.to(tl.int32) >> shift) & 15
+        b = (b.to(tl.int32) >> shift) & 15
+        if HB > 0:
+            a = a | _high_bits(qh_ptr, rows, kc, kj, QHS, mask, HB, MASKED)
+            b = b | _high_bits(qh_ptr, rows, kc, kj + 16, QHS, mask, HB, MASKED)
+        lo = _byte_to_f32(a)
+        hi = _byte_to_f32(b)
     elif KIND == 1:
         lo = _byte_to_f32(a.to(tl.int32))
         hi = _byte_to_f32(b.to(tl.int32))
@@ -57,14 +77,14 @@ def _load_halves(q_ptr, rows, rmask, kc, kj, QS, kmask, KIND: tl.constexpr, MASK
 
 
 @triton.jit
-def _dequant_halves(q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, cg, kj, K, QS,
-                    KIND: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
+def _dequant_halves(q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, cg, kj, K, QS, QHS,
+                    KIND: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                     HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, MASKED: tl.constexpr):
     """Dequantized weights of the low and high chunk halves: two [R, C, 16] float32 tiles."""
     kc = cg[:, None]
     cmask = cg < K // 32
-    lo, hi = _load_halves(q_ptr, rows, rmask, kc, kj, QS, tl.broadcast_to(kc < K // 32, (kc.shape[0], 16)),
-                          KIND, MASKED)
+    lo, hi = _load_halves(q_ptr, qh_ptr, rows, rmask, kc, kj, QS, QHS,
+                          tl.broadcast_to(kc < K // 32, (kc.shape[0], 16)), KIND, HB, MASKED)
     if KIND != 2:
         NG = K // G
         NSB = K // SB
@@ -85,8 +105,8 @@ def _dequant_halves(q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, cg, kj,
 
 
 @triton.jit
-def _embed_kernel(ids_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, y_ptr, K, QS,
-                  KIND: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
+def _embed_kernel(ids_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, y_ptr, K, QS, QHS,
+                  KIND: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                   HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, BC: tl.constexpr,
                   PDL: tl.constexpr):
     pdl.allow_next(PDL)
@@ -97,8 +117,8 @@ def _embed_kernel(ids_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, y_ptr, K, QS,
     rows = row + tl.arange(0, 1)
     cg = c0 + tl.arange(0, BC)
     kj = tl.arange(0, 16)[None, :]
-    lo, hi = _dequant_halves(q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rows >= 0, cg, kj, K, QS,
-                             KIND, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN, True)
+    lo, hi = _dequant_halves(q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rows >= 0, cg, kj, K, QS, QHS,
+                             KIND, HB, G, SB, QOFF, HAS_SC, HAS_MIN, HAS_MN, True)
     offs = cg[:, None] * 32 + kj
     mask = (cg[:, None] < K // 32) & (kj < 16)
     tl.store(y_ptr + t * K + offs, tl.reshape(lo, (BC, 16)), mask=mask)
@@ -111,6 +131,7 @@ def embed(w: PackedWeight, token_ids: torch.Tensor, out: torch.Tensor | None = N
     if out is None:
         out = torch.empty((n, w.k), dtype=torch.float32, device=token_ids.device)
     bc = 8
-    _embed_kernel[(n, triton.cdiv(w.k // 32, bc))](token_ids, *_planes(w), out, w.k, w.q.stride(0), BC=bc, **_meta(w),
-                                                       **pdl.launch())
+    q, qh, *scales = _planes(w)
+    _embed_kernel[(n, triton.cdiv(w.k // 32, bc))](token_ids, q, qh, *scales, out, w.k, q.stride(0), qh.stride(0),
+                                                       BC=bc, **_meta(w), **pdl.launch())
     return out

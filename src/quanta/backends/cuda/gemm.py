@@ -3,7 +3,8 @@ operands: bf16 operands with fp32 accumulation (fast mode; bf16 keeps float32's 
 models' activations) or IEEE fp32 (exact mode).
 
 Layout (see repack.py): chunk ``c`` of a weight row is NW little-endian 32-bit words (NW = 4 for 4-bit codes, 8 for
-8-bit codes), slot ``s`` of word ``w`` holding weight ``32c + NW*s + w``. A K step of BK weights loads the
+8-bit codes), slot ``s`` of word ``w`` holding weight ``32c + NW*s + w``; 5- and 6-bit codes are 4-bit words with
+1 or 2 words of high bits per chunk, moved in above each slot's nibble (codes.py). A K step of BK weights loads the
 [BN, BK/32, NW] words of its rows (16-byte cp.async vectors, pipelined by Triton) and dequantizes each slot with
 one LOP3, one FADD and one FFMA per weight (see _slot), scales per (row, group) in fp32. The tile is built in
 *word order*: ``tl.join`` puts the NS slots of a word next to each other inside the thread that owns the word,
@@ -27,6 +28,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from quanta.backends.cuda.codes import high_fields, slot_value
 from quanta.backends.cuda.qmatmul import _epilogue, _Epilogue, _meta, _planes
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight
 
@@ -50,20 +52,10 @@ def row_class(m: int) -> str:
 
 
 @triton.jit
-def _slot(words, hi_words, s: tl.constexpr, scale, mn, BITS: tl.constexpr, QOFF: tl.constexpr, DT: tl.constexpr):
-    """Slot ``s`` of every word, dequantized: ``scale * (q - QOFF) - mn`` as DT. The code stays in place (bits
-    pos..pos+BITS-1) under the exponent 23 - pos, so one LOP3 makes the float 2^(23-pos) + q (exact); slots that
-    would reach bit 23 come from the shifted copy ``hi_words``."""
-    CODE: tl.constexpr = (1 << BITS) - 1
-    SHIFT: tl.constexpr = 12 if BITS == 4 else 16
-    if BITS * s + BITS <= 23:
-        pos: tl.constexpr = BITS * s
-        bits = (words & (CODE << pos)) | ((150 - pos) << 23)
-    else:
-        pos: tl.constexpr = BITS * s - SHIFT
-        bits = (hi_words & (CODE << pos)) | ((150 - pos) << 23)
-    q = bits.to(tl.float32, bitcast=True) - ((1 << (23 - pos)) + QOFF)
-    return (q * scale - mn).to(DT)
+def _slot(words, hi_words, hws0, hws1, s: tl.constexpr, scale, mn, BITS: tl.constexpr, HB: tl.constexpr,
+          QOFF: tl.constexpr, DT: tl.constexpr):
+    """Slot ``s`` of every word, dequantized (codes.slot_value): ``scale * (q - QOFF) - mn`` as DT."""
+    return (slot_value(words, hi_words, hws0, hws1, s, BITS, HB, QOFF) * scale - mn).to(DT)
 
 
 @triton.jit
@@ -111,12 +103,12 @@ def _scales(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, k0, K, KIND: tl.constexpr, G:
 
 
 @triton.jit
-def _weight_tile(q_ptr, rows, k0, K, QS, s0, m0, s1, m1, KIND: tl.constexpr, QOFF: tl.constexpr,
-                 BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DT: tl.constexpr):
+def _weight_tile(q_ptr, qh_ptr, rows, k0, K, QS, QHS, s0, m0, s1, m1, KIND: tl.constexpr, HB: tl.constexpr,
+                 QOFF: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, DT: tl.constexpr):
     """Weights ``k0 .. k0+BK`` of ``rows`` ([BN], all valid) as a [BN, BK] tile of DT, codes in *word order*
     (column ``32c + NS*w + s`` holds weight ``32c + NW*s + w``; x is permuted alike, see :func:`gemm`), scaled by
-    the tiles of :func:`_scales`. QS: the row stride of the code plane (int32 words for codes, elements for dense;
-    dense tiles are in weight order)."""
+    the tiles of :func:`_scales`. QS, QHS: the row strides of the code planes (int32 words for codes, elements
+    for dense; dense tiles are in weight order)."""
     if KIND == 2:
         kk = k0 + tl.arange(0, BK)
         p = q_ptr + rows[:, None] * QS + kk[None, :]
@@ -138,29 +130,38 @@ def _weight_tile(q_ptr, rows, k0, K, QS, s0, m0, s1, m1, KIND: tl.constexpr, QOF
         else:
             words = tl.load(p, mask=(c < K // 32)[None, :, None], other=0)
         hi_words = words >> SHIFT
+        h0 = words
+        h1 = words
+        if HB > 0:
+            hp = qh_ptr + rows[:, None, None] * QHS + (c[:, None] * HB + tl.arange(0, HB)[None, :])[None, :, :]
+            if EVEN_K:
+                hw = tl.load(hp)
+            else:
+                hw = tl.load(hp, mask=(c < K // 32)[None, :, None], other=0)
+            h0, h1 = high_fields(hw, HB)
         # join(a, b) appends a minor axis of 2 inside each thread; the tree puts slot s at index s of the last NS
-        v0 = _slot(words, hi_words, 0, s0, m0, BITS, QOFF, DT)
-        v1 = _slot(words, hi_words, 1, s0, m0, BITS, QOFF, DT)
+        v0 = _slot(words, hi_words, h0, h1, 0, s0, m0, BITS, HB, QOFF, DT)
+        v1 = _slot(words, hi_words, h0, h1, 1, s0, m0, BITS, HB, QOFF, DT)
         if NS == 4:
-            v2 = _slot(words, hi_words, 2, s1, m1, BITS, QOFF, DT)
-            v3 = _slot(words, hi_words, 3, s1, m1, BITS, QOFF, DT)
+            v2 = _slot(words, hi_words, h0, h1, 2, s1, m1, BITS, HB, QOFF, DT)
+            v3 = _slot(words, hi_words, h0, h1, 3, s1, m1, BITS, HB, QOFF, DT)
             t = tl.join(tl.join(v0, v2), tl.join(v1, v3))
         else:
-            v2 = _slot(words, hi_words, 2, s0, m0, BITS, QOFF, DT)
-            v3 = _slot(words, hi_words, 3, s0, m0, BITS, QOFF, DT)
-            v4 = _slot(words, hi_words, 4, s1, m1, BITS, QOFF, DT)
-            v5 = _slot(words, hi_words, 5, s1, m1, BITS, QOFF, DT)
-            v6 = _slot(words, hi_words, 6, s1, m1, BITS, QOFF, DT)
-            v7 = _slot(words, hi_words, 7, s1, m1, BITS, QOFF, DT)
+            v2 = _slot(words, hi_words, h0, h1, 2, s0, m0, BITS, HB, QOFF, DT)
+            v3 = _slot(words, hi_words, h0, h1, 3, s0, m0, BITS, HB, QOFF, DT)
+            v4 = _slot(words, hi_words, h0, h1, 4, s1, m1, BITS, HB, QOFF, DT)
+            v5 = _slot(words, hi_words, h0, h1, 5, s1, m1, BITS, HB, QOFF, DT)
+            v6 = _slot(words, hi_words, h0, h1, 6, s1, m1, BITS, HB, QOFF, DT)
+            v7 = _slot(words, hi_words, h0, h1, 7, s1, m1, BITS, HB, QOFF, DT)
             t = tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
         t = tl.reshape(t, (BN, BK))
     return t
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, M, N, N1, N2,
-                 K, QS, stride_x, stride_y,
-                 KIND: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
+def _gemm_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, M, N,
+                 N1, N2, K, QS, QHS, stride_x, stride_y,
+                 KIND: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr, EXACT: tl.constexpr,
@@ -190,7 +191,7 @@ def _gemm_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, 
             xt = tl.load(xrow + kk[None, :]).to(DT)
         else:
             xt = tl.load(xrow + kk[None, :], mask=(kk < K)[None, :], other=0).to(DT)
-        wt = _weight_tile(q_ptr, wrows, k0, K, QS, s0, m0, s1, m1, KIND, QOFF, BN, BK, EVEN_K, DT)
+        wt = _weight_tile(q_ptr, qh_ptr, wrows, k0, K, QS, QHS, s0, m0, s1, m1, KIND, HB, QOFF, BN, BK, EVEN_K, DT)
         if UPCAST:  # the interpreter multiplies bfloat16 tiles as their raw bits: the same products in fp32
             xt = xt.to(tl.float32)
             wt = wt.to(tl.float32)
@@ -232,11 +233,9 @@ def gemm(x: torch.Tensor, w: PackedWeight | FusedWeight, ep: _Epilogue, exact: b
     m, k = x.shape
     cfg = tiles or GEMM_TILES[("exact" if exact else "fast", row_class(m))]
     xw = word_order(x, w.kind, torch.float32 if exact else torch.bfloat16)
-    q, *scales = _planes(w)
-    if w.kind != "dense":
-        q = q.view(torch.int32)
+    q, qh, *scales = _planes(w, words=True)
     grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(w.n, cfg["BN"]))
-    _gemm_kernel[grid](xw, q, *scales, *ep.args(), m, w.n, *ep.bounds, k, q.stride(0), xw.stride(0),
+    _gemm_kernel[grid](xw, q, qh, *scales, *ep.args(), m, w.n, *ep.bounds, k, q.stride(0), qh.stride(0), xw.stride(0),
                        ep.out.stride(0), BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SWAP=cfg["SWAP"], EXACT=exact,
                        EVEN_K=k % cfg["BK"] == 0, UPCAST=_INTERPRETED and not exact, num_warps=cfg["num_warps"],
                        num_stages=cfg["num_stages"], **ep.flags(), **_meta(w))

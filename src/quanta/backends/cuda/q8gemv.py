@@ -9,7 +9,8 @@ are used as they are stored: a 4-bit word's low nibbles are ``word & 0x0F0F0F0F`
 Activation layout (``Q8Activation``): int8 ``q`` of (m, k) and float32 ``d`` of (m, k/32); within each chunk of 32,
 byte ``4j + b`` holds element ``8b + j``, so int32 word ``j`` of the chunk pairs with the code layout of repack.py:
 8-bit code word ``w`` (weights ``8s + w``) with x word ``w``; 4-bit code word ``w`` (weights ``4s + w``): its low
-nibbles (weights ``8b + w``) with x word ``w``, its high nibbles (``8b + 4 + w``) with x word ``4 + w``.
+nibbles (weights ``8b + w``) with x word ``w``, its high nibbles (``8b + 4 + w``) with x word ``4 + w``. 5- and 6-bit
+codes: the nibbles with their high bits moved in above them (codes.py), each byte a whole code, as 8-bit words.
 Groups of 16 (Q6_K, Q3_K, Q2_K) are bytes 0–1 / 2–3 of every word: the x words are masked per group.
 
     y[r] = sum_g  dx * (d*sc * (sum_g q·xq - QOFF sum_g xq) - dmin*mn * sum_g xq)
@@ -29,7 +30,8 @@ import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
-from quanta.backends.cuda.qmatmul import _gemv_epilogue, _gemv_program, _gemv_tile, gemv_class, gemv_launch
+from quanta.backends.cuda.codes import high_fields
+from quanta.backends.cuda.qmatmul import _gemv_epilogue, _gemv_program, _gemv_tile, _planes, gemv_launch, tile_key
 from quanta.backends.cuda.repack import PackedWeight
 
 # tiles per (code width, class) as in qmatmul.GEMV_CONFIG, chosen on the H200 by scripts/gpu_tune.py q8 (GPU journal,
@@ -44,6 +46,12 @@ Q8_CONFIG = {
     (8, "base"): {"BN": 2, "BJ": 128, "num_warps": 4, "PRE": 2},
     (8, "long"): {"BN": 1, "BJ": 256, "num_warps": 4, "PRE": 2},
     (8, "head"): {"BN": 2, "BJ": 32, "num_warps": 1, "PRE": 2},
+    # 4-bit codes with high bits (Q6_K, Q5_*): at first the 4-bit tiles (GPU run 97); "small" (k and v
+    # projections) with an even BN, as the rope epilogue needs (CUDABackend.qkv_rope)
+    (6, "small"): {"BN": 2, "BJ": 64, "num_warps": 2, "PRE": 2},
+    (6, "base"): {"BN": 4, "BJ": 64, "num_warps": 1, "PRE": 2},
+    (6, "long"): {"BN": 1, "BJ": 256, "num_warps": 4, "PRE": 2},
+    (6, "head"): {"BN": 4, "BJ": 64, "num_warps": 1, "PRE": 2},
 }
 
 
@@ -130,9 +138,11 @@ def _chain(codes, xw, acc, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _q8_step(acc, words, s0, m0, s1, m1, xq_ptr, xd_ptr, j, NU, BITS: tl.constexpr, G: tl.constexpr,
-             QOFF: tl.constexpr, HAS_MIN: tl.constexpr, MASKED: tl.constexpr, EMULATE: tl.constexpr):
-    """acc [BN, BJ] += the scaled integer dot products of units ``j`` with the int8 x (int32 words at xq_ptr)."""
+def _q8_step(acc, words, hw, s0, m0, s1, m1, xq_ptr, xd_ptr, j, NU, BITS: tl.constexpr, HB: tl.constexpr,
+             G: tl.constexpr, QOFF: tl.constexpr, HAS_MIN: tl.constexpr, MASKED: tl.constexpr,
+             EMULATE: tl.constexpr):
+    """acc [BN, BJ] += the scaled integer dot products of units ``j`` (and their high bits ``hw``) with the int8 x
+    (int32 words at xq_ptr)."""
     UPC: tl.constexpr = BITS // 4
     LO: tl.constexpr = 0xFFFF  # bytes 0-1 of an x word: weights 0..15 of the chunk
     HI: tl.constexpr = -65536  # 0xFFFF0000: weights 16..31
@@ -154,14 +164,21 @@ def _q8_step(acc, words, s0, m0, s1, m1, xq_ptr, xd_ptr, j, NU, BITS: tl.constex
         else:
             xb = tl.load(xq_ptr + kw + 4)[None, :, :]
         lo = words & 0x0F0F0F0F
-        hi16 = words & -252645136  # 0xF0F0F0F0: the high nibbles times 16
+        if HB > 0:  # whole 5- or 6-bit codes per byte: the nibbles and their high bits
+            HMASK: tl.constexpr = ((1 << HB) - 1) * 0x01010101
+            hws0, hws1 = high_fields(hw, HB)
+            lo = lo | ((hws0 & HMASK) << 4)
+            hi = ((words >> 4) & 0x0F0F0F0F) | ((hws1 & HMASK) << 4)
+        else:
+            hi = words & -252645136  # 0xF0F0F0F0: the high nibbles times 16
+        UP: tl.constexpr = 0 if HB > 0 else 4  # hi's dot products are 16x too large without high bits
         if G == 16:
-            d0 = _chain(lo, xa & LO, zr, EMULATE) + (_chain(hi16, xb & LO, zr, EMULATE) >> 4)
-            d1 = _chain(lo, xa & HI, zr, EMULATE) + (_chain(hi16, xb & HI, zr, EMULATE) >> 4)
+            d0 = _chain(lo, xa & LO, zr, EMULATE) + (_chain(hi, xb & LO, zr, EMULATE) >> UP)
+            d1 = _chain(lo, xa & HI, zr, EMULATE) + (_chain(hi, xb & HI, zr, EMULATE) >> UP)
             x0 = _chain(ones, xb & LO, _chain(ones, xa & LO, zx, EMULATE), EMULATE)
             x1 = _chain(ones, xb & HI, _chain(ones, xa & HI, zx, EMULATE), EMULATE)
         else:
-            d0 = _chain(lo, xa, zr, EMULATE) + (_chain(hi16, xb, zr, EMULATE) >> 4)
+            d0 = _chain(lo, xa, zr, EMULATE) + (_chain(hi, xb, zr, EMULATE) >> UP)
             x0 = _chain(ones, xb, _chain(ones, xa, zx, EMULATE), EMULATE)
     else:
         if G == 16:
@@ -183,9 +200,9 @@ def _q8_step(acc, words, s0, m0, s1, m1, xq_ptr, xd_ptr, j, NU, BITS: tl.constex
 
 
 @triton.jit
-def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr,
-                    N, N1, N2, K, QW, stride_y, pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX,
-                    BITS: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
+def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr,
+                    y2_ptr, N, N1, N2, K, QW, QHW, stride_y, pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX,
+                    BITS: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                     HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
                     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr,
                     BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, EMULATE: tl.constexpr,
@@ -198,34 +215,37 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_
     xq_row = xq_ptr + m * (K // 4)
     xd_row = xd_ptr + m * (K // 32)
     qrow = q_ptr + rows[:, None, None] * QW
-    words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU, NG, NSB,
-                                       UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
+    words, hw, s0, m0, s1, m1 = _gemv_tile(qrow, qh_ptr, QHW, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU,
+                                           NG, NSB, UPC, HB, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
     if PRE2:  # the second K step too, before waiting
-        words2, t0, n0, t1, n1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, BJ + jj, NU, NG, NSB,
-                                            UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
+        words2, hw2, t0, n0, t1, n1 = _gemv_tile(qrow, qh_ptr, QHW, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask,
+                                                 BJ + jj, NU, NG, NSB, UPC, HB, G, SB, HAS_SC, HAS_MIN, HAS_MN,
+                                                 MASKED)
     pdl.wait_prev(PDL)
-    acc = _q8_step(tl.zeros([BN, BJ], dtype=tl.float32), words, s0, m0, s1, m1, xq_row, xd_row, jj, NU,
-                   BITS, G, QOFF, HAS_MIN, MASKED, EMULATE)
+    acc = _q8_step(tl.zeros([BN, BJ], dtype=tl.float32), words, hw, s0, m0, s1, m1, xq_row, xd_row, jj, NU,
+                   BITS, HB, G, QOFF, HAS_MIN, MASKED, EMULATE)
     if PRE2:
-        acc = _q8_step(acc, words2, t0, n0, t1, n1, xq_row, xd_row, BJ + jj, NU, BITS, G, QOFF, HAS_MIN, MASKED,
-                       EMULATE)
+        acc = _q8_step(acc, words2, hw2, t0, n0, t1, n1, xq_row, xd_row, BJ + jj, NU, BITS, HB, G, QOFF, HAS_MIN,
+                       MASKED, EMULATE)
     for j0 in range((1 + PRE2) * BJ, NU, BJ):
         j = j0 + jj
-        words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB,
-                                           UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
-        acc = _q8_step(acc, words, s0, m0, s1, m1, xq_row, xd_row, j, NU, BITS, G, QOFF, HAS_MIN, MASKED, EMULATE)
+        words, hw, s0, m0, s1, m1 = _gemv_tile(qrow, qh_ptr, QHW, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j,
+                                               NU, NG, NSB, UPC, HB, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
+        acc = _q8_step(acc, words, hw, s0, m0, s1, m1, xq_row, xd_row, j, NU, BITS, HB, G, QOFF, HAS_MIN, MASKED,
+                       EMULATE)
     _gemv_epilogue(tl.sum(acc, axis=1), m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y,
                    pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX, HAS_BIAS, HAS_RES, SPLIT, ROPE, NEOX, BN)
 
 
-def gemv_q8(xq: Q8Activation, w: PackedWeight, planes: tuple[torch.Tensor, ...], ep: Any) -> None:
-    """Launch the int8 GEMV of (m, k) activations ``xq`` against a quantized (4- or 8-bit) ``w`` with the
-    scale planes ``planes`` and the output side ``ep`` (qmatmul's epilogue)."""
+def gemv_q8(xq: Q8Activation, w: PackedWeight, ep: Any) -> None:
+    """Launch the int8 GEMV of (m, k) activations ``xq`` against a quantized ``w`` with the output side ``ep``
+    (qmatmul's epilogue)."""
     m, k = xq.q.shape
     bn, kw = gemv_launch(Q8_CONFIG, w)
-    cfg = Q8_CONFIG[(kw["BITS"], gemv_class(w.n, w.k))]
+    cfg = Q8_CONFIG[tile_key(w)]
     pre2 = cfg.get("PRE", 1) == 2 and w.k // 32 * (kw["BITS"] // 4) > kw["BJ"]  # "PRE": K steps before the wait
-    words = w.q.view(torch.int32)
+    words, qh, *scales = _planes(w, words=True)
     _gemv_q8_kernel[(triton.cdiv(w.n, bn), m)](
-        xq.q.view(torch.int32), xq.d, words, *planes, *ep.args(), w.n, *ep.bounds, k, words.stride(0),
-        ep.out.stride(0), *ep.gemv_args(), EMULATE=xq.q.device.type != "cuda", PRE2=pre2, **ep.gemv_flags(), **kw)
+        xq.q.view(torch.int32), xq.d, words, qh, *scales, *ep.args(), w.n, *ep.bounds, k, words.stride(0),
+        qh.stride(0), ep.out.stride(0), *ep.gemv_args(), EMULATE=xq.q.device.type != "cuda", PRE2=pre2,
+        **ep.gemv_flags(), **kw)

@@ -2,10 +2,11 @@
 rows (prefill) go to the tensor-core GEMM of gemm.py.
 
 Layout (see repack.py): a row of W is read as chunks of 32 weights; chunk ``c`` is 4 (4-bit) or 8 (8-bit) 32-bit
-words whose slot ``s`` of word ``w`` holds weight ``32c + NW*s + w`` (NW = words per chunk), or 32 floats (dense).
+words whose slot ``s`` of word ``w`` holds weight ``32c + NW*s + w`` (NW = words per chunk), or 32 floats (dense);
+5- and 6-bit codes are 4-bit words plus 1 or 2 words of high bits per chunk (codes.py).
 The GEMV gives each thread whole 16-byte units (a 4-bit chunk, half an 8-bit chunk): one vector load per row and
 unit, and for each slot a contiguous 4-float slice of x, so the inner loop is one LOP3 (mask | exponent), one FADD
-and one FFMA per weight (the code becomes a float by an exponent trick, see _gemv_kernel, with the format's offset
+and one FFMA per weight (the code becomes a float by an exponent trick, see codes.slot_value, with the format's offset
 folded into the FADD). The prefill GEMM (tensor cores) is gemm.py.
 Group scales apply per chunk (G = 32) or per half chunk (G = 16):
 
@@ -28,13 +29,15 @@ import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
+from quanta.backends.cuda.codes import high_fields, high_words, slot_value
 from quanta.backends.cuda.repack import PackedWeight
 from quanta.backends.cuda.rope import RopeStore, gemv_rows, rope_store
 
 GEMV_MAX_ROWS = 4  # up to this many activation rows the weight is streamed once per row (decode)
-# GEMV tiles (BN rows x BJ 16-byte units per program) per code width and matrix class,
-# chosen on the H200 by scripts/gpu_tune.py (docs/PERF.md, GPU journal, run 8); BJ shrinks to the row's unit
-# count for short rows. (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours.
+# GEMV tiles (BN rows x BJ 16-byte units per program) per code width (6: 4-bit codes with high bits, see tile_key)
+# and matrix class, chosen on the H200 by scripts/gpu_tune.py (docs/PERF.md, GPU journal, run 8); BJ shrinks to the
+# row's unit count for short rows. (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours;
+# the float GEMV (exact mode) runs 5- and 6-bit codes on the 4-bit tiles.
 GEMV_CONFIG = {
     (4, "small"): {"BN": 1, "BJ": 64, "num_warps": 2},
     (4, "base"): {"BN": 8, "BJ": 64, "num_warps": 4},
@@ -45,6 +48,9 @@ GEMV_CONFIG = {
     (8, "long"): {"BN": 4, "BJ": 128, "num_warps": 4},
     (8, "head"): {"BN": 2, "BJ": 32, "num_warps": 1},
 }
+GEMV_CONFIG.update({(6, cls): GEMV_CONFIG[(4, cls)] for cls in ("base", "long", "head")})
+GEMV_CONFIG[(6, "small")] = GEMV_CONFIG[(8, "small")]  # an even BN, as the rope epilogue needs (CUDABackend.qkv_rope)
+
 
 def gemv_class(n: int, k: int) -> str:
     """The tile class of an (n, k) matrix for the GEMV: an lm head, a long-row (down) projection, a small (k/v)
@@ -116,11 +122,12 @@ def _gemv_program(N, K, N2, ROW0, HD, HALF, UPC: tl.constexpr, G: tl.constexpr, 
 
 
 @triton.jit
-def _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB, UPC: tl.constexpr,
-               G: tl.constexpr, SB: tl.constexpr, HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr,
+def _gemv_tile(qrow, qh_ptr, QHW, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB, UPC: tl.constexpr,
+               HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr,
                HAS_MN: tl.constexpr, MASKED: tl.constexpr):
-    """The HBM reads of one K step: the [BN, BJ, 4] code words of units ``j`` and the scales and mins of their
-    low (weights 0..15) and high (16..31) groups ([BN, BJ] each; the same tiles twice when G == 32)."""
+    """The HBM reads of one K step: the [BN, BJ, 4] code words of units ``j``, their [BN, BJ, HB] high-bit words
+    (HB > 0; else the code words again, unused), and the scales and mins of their low (weights 0..15) and high
+    (16..31) groups ([BN, BJ] each; the same tiles twice when G == 32)."""
     jmask = j < NU
     c = j // UPC
     qp = qrow + (j * 4)[None, :, None] + tl.arange(0, 4)[None, None, :]
@@ -128,6 +135,10 @@ def _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NS
         words = tl.load(qp, mask=rmask[:, None, None] & jmask[None, :, None], other=0)
     else:
         words = tl.load(qp)
+    if HB > 0:
+        hw = high_words(qh_ptr, rows, rmask, j, NU, QHW, HB, MASKED)
+    else:
+        hw = words
     if G == 32:
         s0, m0 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, c, jmask, NG, NSB,
                               G, SB, HAS_SC, HAS_MIN, HAS_MN)
@@ -138,17 +149,17 @@ def _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NS
                               G, SB, HAS_SC, HAS_MIN, HAS_MN)
         s1, m1 = _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, 2 * c + 1, jmask, NG, NSB,
                               G, SB, HAS_SC, HAS_MIN, HAS_MN)
-    return words, s0, m0, s1, m1
+    return words, hw, s0, m0, s1, m1
 
 
 @triton.jit
-def _gemv_step(acc, words, s0, m0, s1, m1, xrow, j, NU, BITS: tl.constexpr, G: tl.constexpr, QOFF: tl.constexpr,
-               HAS_MIN: tl.constexpr, MASKED: tl.constexpr):
-    """acc [BN, BJ] += the products of units ``j`` (codes ``words`` [BN, BJ, 4], scales of their low and high
-    groups) with x; x is read as [BJ, 4] tiles in the register layout of the codes (no shuffles)."""
+def _gemv_step(acc, words, hw, s0, m0, s1, m1, xrow, j, NU, BITS: tl.constexpr, HB: tl.constexpr, G: tl.constexpr,
+               QOFF: tl.constexpr, HAS_MIN: tl.constexpr, MASKED: tl.constexpr):
+    """acc [BN, BJ] += the products of units ``j`` (codes ``words`` [BN, BJ, 4] and their high bits ``hw``, scales
+    of their low and high groups) with x; x is read as [BJ, 4] tiles in the register layout of the codes (no
+    shuffles)."""
     UPC: tl.constexpr = BITS // 4  # units per 32-weight chunk
     NS: tl.constexpr = 32 // BITS  # slots per word
-    CODE: tl.constexpr = (1 << BITS) - 1
     HALF: tl.constexpr = NS // 2  # slots below HALF hold weights 0..15 of the chunk
     SHIFT: tl.constexpr = 12 if BITS == 4 else 16
     jmask = j < NU
@@ -156,6 +167,10 @@ def _gemv_step(acc, words, s0, m0, s1, m1, xrow, j, NU, BITS: tl.constexpr, G: t
     ko = (c * 32 + (j % UPC) * 4)[:, None] + tl.arange(0, 4)[None, :]  # + 4*UPC*s: weight NW*s + w of the chunk
     xp = xrow + ko
     hi_words = words >> SHIFT
+    hws0 = words
+    hws1 = words
+    if HB > 0:
+        hws0, hws1 = high_fields(hw, HB)
     dot0 = tl.zeros(words.shape, dtype=tl.float32)  # weights 0..15 (G == 16) or all 32
     dot1 = tl.zeros(words.shape, dtype=tl.float32)  # weights 16..31 (G == 16 only)
     xs0 = tl.zeros(xp.shape, dtype=tl.float32)
@@ -165,14 +180,7 @@ def _gemv_step(acc, words, s0, m0, s1, m1, xrow, j, NU, BITS: tl.constexpr, G: t
             xv = tl.load(xp + 4 * UPC * s, mask=jmask[:, None], other=0.0)
         else:
             xv = tl.load(xp + 4 * UPC * s)
-        # the code stays in place (bits pos..pos+BITS-1) under the exponent 23 - pos: the float 2^(23-pos) + code
-        # in one LOP3; slots reaching bit 23 come from one shifted copy of the words
-        pos = BITS * s if BITS * s + BITS <= 23 else BITS * s - SHIFT
-        if BITS * s + BITS <= 23:
-            bits = (words & (CODE << pos)) | ((150 - pos) << 23)
-        else:
-            bits = (hi_words & (CODE << pos)) | ((150 - pos) << 23)
-        wv = bits.to(tl.float32, bitcast=True) - ((1 << (23 - pos)) + QOFF)
+        wv = slot_value(words, hi_words, hws0, hws1, s, BITS, HB, QOFF)
         if G == 16 and s >= HALF:
             dot1 += wv * xv[None, :, :]
             if HAS_MIN:
@@ -192,9 +200,9 @@ def _gemv_step(acc, words, s0, m0, s1, m1, xrow, j, NU, BITS: tl.constexpr, G: t
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr,
-                 N, N1, N2, K, QW, stride_x, stride_y, pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX,
-                 BITS: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
+def _gemv_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr,
+                 N, N1, N2, K, QW, QHW, stride_x, stride_y, pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX,
+                 BITS: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr,
                  BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, PDL: tl.constexpr):
@@ -209,16 +217,16 @@ def _gemv_kernel(x_ptr, q_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, 
     m, rows, rmask, jj, NU, NG, NSB = _gemv_program(N, K, N2, ROW0, HD, HALF, UPC, G, SB, ROPE, NEOX, BN, BJ, PDL)
     xrow = x_ptr + m * stride_x
     qrow = q_ptr + rows[:, None, None] * QW
-    words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU, NG, NSB,
-                                       UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
+    words, hw, s0, m0, s1, m1 = _gemv_tile(qrow, qh_ptr, QHW, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU,
+                                           NG, NSB, UPC, HB, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
     pdl.wait_prev(PDL)
-    acc = _gemv_step(tl.zeros([BN, BJ], dtype=tl.float32), words, s0, m0, s1, m1, xrow, jj, NU,
-                     BITS, G, QOFF, HAS_MIN, MASKED)
+    acc = _gemv_step(tl.zeros([BN, BJ], dtype=tl.float32), words, hw, s0, m0, s1, m1, xrow, jj, NU,
+                     BITS, HB, G, QOFF, HAS_MIN, MASKED)
     for j0 in range(BJ, NU, BJ):
         j = j0 + jj
-        words, s0, m0, s1, m1 = _gemv_tile(qrow, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j, NU, NG, NSB,
-                                           UPC, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
-        acc = _gemv_step(acc, words, s0, m0, s1, m1, xrow, j, NU, BITS, G, QOFF, HAS_MIN, MASKED)
+        words, hw, s0, m0, s1, m1 = _gemv_tile(qrow, qh_ptr, QHW, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, j,
+                                               NU, NG, NSB, UPC, HB, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
+        acc = _gemv_step(acc, words, hw, s0, m0, s1, m1, xrow, j, NU, BITS, HB, G, QOFF, HAS_MIN, MASKED)
     _gemv_epilogue(tl.sum(acc, axis=1), m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y,
                    pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX, HAS_BIAS, HAS_RES, SPLIT, ROPE, NEOX, BN)
 
@@ -247,13 +255,17 @@ def _gemv_dense_kernel(x_ptr, w_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, N, N
 
 def _meta(w: PackedWeight) -> dict:
     kind = {"q4": 0, "q8": 1, "dense": 2}[w.kind]
-    return dict(KIND=kind, G=w.group, SB=w.super_block, QOFF=w.qoff, HAS_SC=w.sc is not None,
+    return dict(KIND=kind, HB=w.high_bits, G=w.group, SB=w.super_block, QOFF=w.qoff, HAS_SC=w.sc is not None,
                 HAS_MIN=w.dmin is not None, HAS_MN=w.mn is not None)
 
 
-def _planes(w: PackedWeight) -> tuple[torch.Tensor, ...]:
-    """The five plane pointers; absent planes alias the code plane (never read: their flag is off)."""
-    return tuple(p if p is not None else w.q for p in (w.q, w.d, w.sc, w.dmin, w.mn))
+def _planes(w: PackedWeight, words: bool = False) -> tuple[torch.Tensor, ...]:
+    """The six plane pointers (codes, high bits, scales); absent planes alias the code plane (never read: their
+    flag is off). ``words``: the two code planes as int32 words (the GEMV and GEMM read words, the gather bytes)."""
+    q, qh = w.q, w.qh if w.qh is not None else w.q
+    if words and w.kind != "dense":
+        q, qh = q.view(torch.int32), qh.view(torch.int32)
+    return tuple(p if p is not None else w.q for p in (q, qh, w.d, w.sc, w.dmin, w.mn))
 
 
 class _Epilogue:
@@ -298,17 +310,23 @@ def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue) -> None:
                                                       **ep.flags(), **pdl.launch())
         return
     bn, kw = gemv_launch(GEMV_CONFIG, w)
-    words = w.q.view(torch.int32)
-    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, *_planes(w)[1:], *ep.args(), w.n, *ep.bounds, k,
-                                            words.stride(0), x.stride(0), stride_y, *ep.gemv_args(),
+    words, qh, *scales = _planes(w, words=True)
+    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, qh, *scales, *ep.args(), w.n, *ep.bounds, k, words.stride(0),
+                                            qh.stride(0), x.stride(0), stride_y, *ep.gemv_args(),
                                             **ep.gemv_flags(), **kw)
+
+
+def tile_key(w: PackedWeight) -> tuple[int, str]:
+    """A quantized weight's entry in the GEMV tile tables: its code width (4; 6 for 4-bit codes with high bits;
+    8) and its class (gemv_class)."""
+    return 8 if w.kind == "q8" else 6 if w.high_bits else 4, gemv_class(w.n, w.k)
 
 
 def gemv_launch(table: dict, w: PackedWeight) -> tuple[int, dict]:
     """The row tile (BN) and the kernel keywords of a quantized weight's GEMV, from the tile ``table``
     (GEMV_CONFIG, or q8gemv.Q8_CONFIG for the int8 GEMV): format constants, tile, masking, warps, PDL."""
     bits = 4 if w.kind == "q4" else 8
-    cfg = table[(bits, gemv_class(w.n, w.k))]
+    cfg = table[tile_key(w)]
     units = w.k // 32 * (bits // 4)
     bn, bj = cfg["BN"], min(cfg["BJ"], triton.next_power_of_2(units))
     meta = _meta(w)
@@ -341,7 +359,7 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
     if m <= GEMV_MAX_ROWS and xq is not None and w.kind != "dense":
         from quanta.backends.cuda.q8gemv import gemv_q8  # q8gemv.py imports this module's tiles
 
-        gemv_q8(xq, w, _planes(w)[1:], ep)
+        gemv_q8(xq, w, ep)
     elif m <= GEMV_MAX_ROWS:
         _gemv(x, w, ep)
     else:

@@ -16,9 +16,13 @@ Code planes: unsigned codes (``QOFF`` is the offset of signed formats), laid out
     weight ``32*c + 4*s + w`` of chunk ``c`` is nibble ``s`` (bits 4s..4s+3) of word ``w``.
     Q4_0/Q4_1: same bytes as GGUF. Q4_K: 4.625 vs 4.5 bits (sub-scales widened to a byte each).
     Q3_K: 4.5625 vs 3.4375 bits. Q2_K: 5.125 vs 2.625 bits.
-  * 8-bit codes (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0): 32 bytes per 32 weights = eight words; weight ``32*c + 8*s + w``
-    is byte ``s`` of word ``w``. Q8_0 is stored as ``q + 128`` (QOFF 128), Q6_K as its raw 6 bits (QOFF 32).
-    Q8_0: 8.5 (same). Q5_0: 8.5 vs 5.5. Q5_1: 9 vs 6. Q5_K: 8.625 vs 5.5. Q6_K: 8.5625 vs 6.5625 bits.
+  * 5- and 6-bit codes (Q5_0, Q5_1, Q5_K, Q6_K): their low 4 bits as a 4-bit plane (above), and the ``HB`` high
+    bits (1 or 2) in a second plane ``qh``, ``HB`` words per chunk laid out for the int8 GEMV (q8gemv.py): the
+    high bits of weight ``8b + j`` of a chunk (``j`` < 8) are bits ``HB*f .. HB*f+HB-1`` of byte ``b`` of word
+    ``j // F``, ``f = j % F``, ``F = 8 // HB``; so ``(word >> HB*f) & (2^HB - 1) * 0x01010101`` pairs with the
+    activation word ``j``. Q5_0: 5.5 (same). Q5_1: 6 (same). Q5_K: 5.625 vs 5.5. Q6_K: 6.5625 (same) bits.
+  * 8-bit codes (Q8_0): 32 bytes per 32 weights = eight words; weight ``32*c + 8*s + w`` is byte ``s`` of word
+    ``w``, stored as ``q + 128`` (QOFF 128); 8.5 bits (same).
   * F32/F16/BF16 matrices stay as they are (``kind == "dense"``).
 The repack runs with torch ops on whatever device the raw bytes are on (on the GPU at load time).
 """
@@ -32,6 +36,9 @@ import torch
 from quanta.quant.formats import QuantFormat, get_format
 
 _BITS_4 = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K")
+# formats whose codes are wider than 4 bits: a 4-bit plane plus a plane of their high bits (HB of them). Before
+# session 12 they were stored as 8-bit codes: 2.5-3 more bits per weight streamed (GPU journal, runs 97-99)
+HIGH_BITS = {"Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 2}
 
 
 @dataclass
@@ -41,8 +48,10 @@ class PackedWeight:
     type: str
     n: int
     k: int
-    kind: str  # "q4", "q8" or "dense"
+    kind: str  # "q4" (with ``qh``: 5- and 6-bit codes), "q8" or "dense"
     q: torch.Tensor  # uint8 (n, k/2) | uint8 (n, k) | float (n, k)
+    qh: torch.Tensor | None = None  # uint8 (n, k*HB/8): the high bits of 5- and 6-bit codes
+    high_bits: int = 0  # HB
     d: torch.Tensor | None = None  # float16 (n, k/SB)
     sc: torch.Tensor | None = None  # int8 (n, k/G)
     dmin: torch.Tensor | None = None  # float16 (n, k/SB)
@@ -53,7 +62,7 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        planes = (self.q, self.d, self.sc, self.dmin, self.mn)
+        planes = (self.q, self.qh, self.d, self.sc, self.dmin, self.mn)
         return sum(p.numel() * p.element_size() for p in planes if p is not None)
 
 
@@ -148,14 +157,33 @@ def _interleave(q: torch.Tensor, bits: int) -> torch.Tensor:
     return (q[..., 0] | (q[..., 1] << 4)).reshape(n, k // 2).contiguous()
 
 
+def _high_plane(hi: torch.Tensor, hb: int) -> torch.Tensor:
+    """(n, k) high bits → the ``qh`` plane (n, k*hb/8) of the module docstring."""
+    n, k = hi.shape
+    fields = 8 // hb
+    # weight 8b + (h*F + f) of chunk c → [n, c, h, b, f]
+    h = hi.reshape(n, k // 32, 4, hb, fields).transpose(2, 3)
+    out = torch.zeros(h.shape[:-1], dtype=torch.uint8, device=hi.device)
+    for f in range(fields):
+        out |= h[..., f] << (hb * f)
+    return out.reshape(n, k * hb // 8).contiguous()
+
+
 def _deinterleave(w: PackedWeight) -> torch.Tensor:
-    """The packed code plane back to (n, k) unsigned codes in weight order (inverse of _interleave)."""
+    """The packed code planes back to (n, k) unsigned codes in weight order (inverse of _interleave and
+    _high_plane)."""
     n, k = w.n, w.k
     nw = 4 if w.kind == "q4" else 8
     b = w.q.reshape(n, k // 32, nw, 4)
     if w.kind == "q4":
         b = torch.stack([b & 0x0F, b >> 4], dim=-1).reshape(n, k // 32, nw, 8)
-    return b.transpose(2, 3).reshape(n, k)
+    q = b.transpose(2, 3).reshape(n, k)
+    if w.qh is not None:
+        hb = w.high_bits
+        h = w.qh.reshape(n, k // 32, hb, 4)
+        hi = torch.stack([(h >> (hb * f)) & ((1 << hb) - 1) for f in range(8 // hb)], dim=-1)  # [n, c, h, b, f]
+        q = q | (hi.transpose(2, 3).reshape(n, k) << 4)
+    return q
 
 
 def repack(raw: torch.Tensor, type_name: str, shape: tuple[int, int], tensor_name: str = "") -> PackedWeight:
@@ -171,15 +199,16 @@ def repack(raw: torch.Tensor, type_name: str, shape: tuple[int, int], tensor_nam
     blocks = raw.reshape(-1, fmt.type_size)
     f = _decode(type_name, blocks, fmt)
     g, sb = f["G"], f["SB"]
-    q = f["q"].reshape(n, k)
-    bits4 = type_name in _BITS_4
-    packed = _interleave(q.to(torch.uint8), 4 if bits4 else 8)
+    q = f["q"].reshape(n, k).to(torch.uint8)
+    hb = HIGH_BITS.get(type_name, 0)
+    bits4 = type_name in _BITS_4 or hb > 0
+    packed = _interleave(q & 0x0F if hb else q, 4 if bits4 else 8)
 
     def plane(x: torch.Tensor | None, per: int) -> torch.Tensor | None:
         return None if x is None else x.reshape(n, k // per).contiguous()
 
-    return PackedWeight(type_name, n, k, "q4" if bits4 else "q8", packed,
-                        d=plane(f["d"], sb), sc=plane(f.get("sc"), g), dmin=plane(f.get("dmin"), sb),
+    return PackedWeight(type_name, n, k, "q4" if bits4 else "q8", packed, qh=_high_plane(q >> 4, hb) if hb else None,
+                        high_bits=hb, d=plane(f["d"], sb), sc=plane(f.get("sc"), g), dmin=plane(f.get("dmin"), sb),
                         mn=plane(f.get("mn"), g), group=g, super_block=sb, qoff=f.get("qoff", 0))
 
 
@@ -216,8 +245,9 @@ def fuse(weights: list[PackedWeight], biases: list[torch.Tensor | None]) -> Fuse
         return None if planes[0] is None else torch.cat(planes, dim=0)
 
     n = sum(w.n for w in weights)
-    packed = PackedWeight(first.type, n, first.k, first.kind, cat("q"), d=cat("d"), sc=cat("sc"), dmin=cat("dmin"),
-                          mn=cat("mn"), group=first.group, super_block=first.super_block, qoff=first.qoff)
+    packed = PackedWeight(first.type, n, first.k, first.kind, cat("q"), qh=cat("qh"), high_bits=first.high_bits,
+                          d=cat("d"), sc=cat("sc"), dmin=cat("dmin"), mn=cat("mn"), group=first.group,
+                          super_block=first.super_block, qoff=first.qoff)
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b.reshape(-1).float() if b is not None else
