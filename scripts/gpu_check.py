@@ -4,8 +4,8 @@ measured read bandwidth for the roofline. Full log in $OUT/gpu_check.log, number
 summary table is printed last.
 
 Usage (repo root, on the GPU machine): PYTHONPATH=src python3 scripts/gpu_check.py [--quick] [--only NAME,...]
-(sections: tests, attntests, kernels, depth, tune, tune6, ab, layout, benchfirst, compare, bench, ttft, prefillprof,
-compare2, synthcompare)
+(sections: tests, attntests, kernels, depth, tune, tune6, ab, layout, copies, benchfirst, compare, bench, ttft,
+prefillprof, compare2, synthcompare)
 (the speed sections live in gpu_speed.py, the shared helpers in gpu_common.py)
 """
 
@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from gpu_common import BENCH_PRESETS, OUT, RESULTS, SUMMARY, WORK, bandwidth, random_raw, say, section, synth
-from gpu_speed import bench, depth_sweep, first_token, layout_ab, prefill_profile, tune, variants_ab
+from gpu_speed import (bench, copies_ab, depth_sweep, first_token, layout_ab, prefill_profile, tune,
+                       variants_ab)
 
 
 @section("pytest tests/backends/cuda on the GPU (tests needing gguf-py skip where it is missing)")
@@ -261,6 +262,8 @@ def main() -> None:
     if "layout" in only:  # 5/6-bit weights: high-bit planes against 8-bit codes, alternating in one process
         layout_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q5_K_M"),
                                                                             ("llama-3.2-1b", "Q6_K"))])
+    if "copies" in only:  # prefill: the producers' bf16 operand for the GEMM against each GEMM's own copy
+        copies_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
         bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)
     if "compare" in only:  # tiny models of three architectures and synthetic SmolLM2 against the CPU exact mode

@@ -253,6 +253,31 @@ def layout_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
         SUMMARY.append(line)
 
 
+@section("prefill: producers writing the GEMM's bf16 operand vs each GEMM permuting x, alternating in one process")
+def copies_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
+    """Prefill-512 (graph replay) with and without the producers' copies (copies.py), and their logits compared."""
+    for name, path in models:
+        rates: dict = {}
+        logits = {}
+        with _loaded(path, 2048) as (be, model, _):
+            cache = be.kv_cache(model.kv_shape())
+            prompt = np.random.default_rng(0).integers(5, min(model.n_vocab, 30000), size=512).astype(np.int32)
+            for _ in range(reps):
+                for on in (True, False):
+                    be._copies.words = on
+                    be._drop_prefill_graphs()
+                    be._prefill_uses.clear()
+                    pf = cuda_time(lambda: be.forward(model, prompt, 0, cache, all_logits=False), reps=5, warmup=2)
+                    rates.setdefault(on, []).append(512 / pf)
+                    logits[on] = be.to_host(be.forward(model, prompt, 0, cache, all_logits=False)).copy()
+        med = {on: float(np.median(v)) for on, v in rates.items()}
+        same = np.array_equal(logits[True], logits[False])
+        line = (f"{name:22s} prefill-512 with copies {med[True]:.0f}, without {med[False]:.0f} tok/s "
+                f"({100 * (med[True] / med[False] - 1):+.1f}%); logits equal: {same}")
+        say("  ", line, json.dumps({str(on): [round(x) for x in v] for on, v in rates.items()}))
+        SUMMARY.append(line)
+
+
 TTFT_CODE = """
 import cProfile, pstats, sys, time
 t0 = time.perf_counter()

@@ -156,10 +156,10 @@ def test_default_mode_decode_close_to_cpu_exact(arch: str, types: dict, head_dim
         monkeypatch.setitem(q8.Q8_CONFIG, key, {"BN": 32, "BJ": 8, "num_warps": 1})
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, types=types, d_model=256, d_ff=256, n_layers=1,
                             vocab=64, head_dim=head_dim)
-    import quanta.backends.cuda.backend as backend_module
+    import quanta.backends.cuda.copies as copies_module
 
     fallbacks = []  # matmul inputs no producer wrote as int8
-    monkeypatch.setattr(backend_module, "quantize", lambda *a, _f=q8.quantize: fallbacks.append(1) or _f(*a))
+    monkeypatch.setattr(copies_module, "quantize", lambda *a, _f=q8.quantize: fallbacks.append(1) or _f(*a))
     logits = []
     for be in (CPUBackend(exact=True), CUDABackend(device)):
         model = load_model(qgguf.open(path), be, 32)

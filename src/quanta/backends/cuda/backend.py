@@ -20,11 +20,12 @@ import torch
 
 from quanta.backends.base import Array, Backend, KVShape
 from quanta.backends.cuda import activation, attention, flash_decode, norm, pdl, rope
+from quanta.backends.cuda.copies import ActivationCopies
 from quanta.backends.cuda.embed import embed as _embed
 from quanta.backends.cuda.graphs import (CAPTURE_AT_USE, MAX_GRAPH_PREFILL, DecodeGraph, PrefillGraph,
                                          padded_inputs, prefill_bucket)
-from quanta.backends.cuda.q8gemv import Q8_CONFIG, Q8Activation, quantize
-from quanta.backends.cuda.qmatmul import GEMV_CONFIG, GEMV_MAX_ROWS, gemv_launch, qmatmul
+from quanta.backends.cuda.q8gemv import Q8_CONFIG
+from quanta.backends.cuda.qmatmul import GEMV_CONFIG, gemv_launch, qmatmul
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight, fuse, repack
 from quanta.backends.cuda.sampling import Argmax
 from quanta.errors import NoCUDAError, QuantaError
@@ -93,10 +94,8 @@ class CUDABackend(Backend):
         self._buffers: dict[Any, torch.Tensor] = {}
         self._decode_scratch: dict[tuple[int, int, int, str], flash_decode.DecodeScratch] = {}
         self._argmax: dict[int, Argmax] = {}
-        # int8 copies of decode activations (q8gemv.py), one storage per float buffer; "live" ones are current:
-        # written by the op that wrote the float values, and dropped by the next op that is not a matmul
-        self._q8: dict[tuple[int, tuple[int, ...]], Q8Activation] = {}
-        self._q8_live: set[tuple[int, tuple[int, ...]]] = set()
+        # int8 (decode) and bf16 word-order (prefill) copies of activations, written by their producers
+        self._copies = ActivationCopies(self.device, q8=self.q8, words=not exact, buffer=self.buffer)
         # decode graphs per (model, cache), prefill graphs per (model, cache, bucket); a new cache drops them all
         self._graphs: dict[tuple[int, ...], DecodeGraph | PrefillGraph] = {}
         self._prefill_uses: dict[tuple[int, int, int], int] = {}  # prefills per (model, cache, bucket)
@@ -110,7 +109,9 @@ class CUDABackend(Backend):
         if len(tensor.shape) != 2:
             raise QuantaError(f"tensor {tensor.name}: expected a matrix, got shape {tuple(tensor.shape)}")
         raw = _host_tensor(tensor.raw).to(self.device)
-        return repack(raw, tensor.type, tuple(tensor.shape), tensor.name)
+        w = repack(raw, tensor.type, tuple(tensor.shape), tensor.name)
+        self._copies.count_weight(w.kind)
+        return w
 
     def fuse(self, weights: list[Any], biases: list[torch.Tensor | None]) -> FusedWeight | None:
         return fuse(weights, biases)
@@ -166,69 +167,39 @@ class CUDABackend(Backend):
             buf = self._buffers[name] = torch.empty(size, dtype=torch.float32, device=self.device)
         return buf[:size].view(shape)
 
-    # ---- int8 activations for the decode GEMV ------------------------------------------------------------------
-    def _q8_copy(self, x: torch.Tensor) -> Q8Activation | None:
-        """The int8 storage paired with float activations ``x`` when they can feed the int8 GEMV, else None."""
-        if not self.q8 or x.dim() != 2 or x.shape[0] > GEMV_MAX_ROWS or x.shape[1] % 32 or not x.is_contiguous():
-            return None
-        key = (x.data_ptr(), tuple(x.shape))
-        q = self._q8.get(key)
-        if q is None:
-            q = self._q8[key] = Q8Activation.empty(*x.shape, self.device)
-        return q
-
-    def _produce_q8(self, out: torch.Tensor | None) -> Q8Activation | None:
-        """For an op about to write ``out``: every int8 copy goes stale; returns the one the op should write."""
-        self._q8_live.clear()
-        q = self._q8_copy(out) if out is not None else None
-        if q is not None:
-            self._q8_live.add((out.data_ptr(), tuple(out.shape)))
-        return q
-
-    def _q8_input(self, x: torch.Tensor, outs: list[torch.Tensor]) -> Q8Activation | None:
-        """The current int8 copy of a matmul's input (quantized now if its producer did not write one); the
-        matmul's outputs go stale."""
-        q = self._q8_copy(x)
-        key = (x.data_ptr(), tuple(x.shape))
-        if q is not None and key not in self._q8_live:
-            quantize(x, q)
-            self._q8_live.add(key)
-        for o in outs:
-            self._q8_live.discard((o.data_ptr(), tuple(o.shape)))
-        return q
-
     # ---- ops -------------------------------------------------------------------------------------------------
     def positions(self, start: int, n: int) -> torch.Tensor:
         return torch.arange(start, start + n, dtype=torch.int32, device=self.device)
 
     def matmul(self, x: torch.Tensor, w: PackedWeight, *, out: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
-        xq = self._q8_input(x, [out] if out is not None else []) if w.kind != "dense" else None
-        return qmatmul(x, w, out=out, residual=residual, bias=bias, exact=self.exact, xq=xq)
+        xq, xw = self._copies.matmul_input(x, [out] if out is not None else [], w.kind)
+        return qmatmul(x, w, out=out, residual=residual, bias=bias, exact=self.exact, xq=xq, xw=xw)
 
     def matmul_split(self, x: torch.Tensor, w: FusedWeight, outs: list[torch.Tensor]) -> list[torch.Tensor]:
         assert [o.shape[-1] for o in outs] == list(w.widths), ([o.shape for o in outs], w.widths)
-        xq = self._q8_input(x, outs) if w.packed.kind != "dense" else None
-        qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact, xq=xq)
+        xq, xw = self._copies.matmul_input(x, outs, w.packed.kind)
+        qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact, xq=xq, xw=xw)
         return outs
 
     def embed(self, w: PackedWeight, token_ids: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        self._produce_q8(None)
+        self._copies.produce(None)
         return _embed(w, token_ids, out=out)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, *,
                  out: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
         if out is None:
             out = torch.empty_like(x)
-        return norm.rms_norm(x, weight, eps, out=out, residual=residual, q8=self._produce_q8(out))
+        q8, words = self._copies.produce(out)
+        return norm.rms_norm(x, weight, eps, out=out, residual=residual, q8=q8, words=words)
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor, table: Any, *, neox: bool) -> torch.Tensor:
-        self._produce_q8(None)
+        self._copies.produce(None)
         return rope.rope(x, positions, table, neox)
 
     def rope_qk(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, table: Any, *, neox: bool,
                 v: torch.Tensor | None = None, cache: Any = None) -> bool:
-        self._produce_q8(None)
+        self._copies.produce(None)
         rope.rope_qk(q, k, positions, table, neox, v=v, cache=cache)
         return v is not None and cache is not None
 
@@ -241,14 +212,14 @@ class CUDABackend(Backend):
         nq, nk = q.shape[1], outs["attn_k"].shape[1]
         if x.shape[0] != 1 or cache is None or 2 * table[0].shape[1] != cache[0].shape[2]:
             return False
-        tiles = GEMV_CONFIG if self._q8_copy(x) is None else Q8_CONFIG
+        tiles = GEMV_CONFIG if self._copies.q8_copy(x) is None else Q8_CONFIG
         parts = []
         for g in groups:
             w, bias = (g.weight.packed, g.weight.bias) if g.fused else (g.weight, g.bias)
             if w.kind == "dense" or gemv_launch(tiles, w)[0] % 2:
                 return False
             parts.append((w, bias, {"attn_q": 0, "attn_k": nq, "attn_v": nq + nk}[g.names[0]]))
-        xq = self._q8_input(x, [q])
+        xq, _ = self._copies.matmul_input(x, [q], parts[0][0].kind)
         for w, bias, row0 in parts:
             qmatmul(x, w, bias=bias, exact=self.exact, xq=xq,
                     rope=rope.RopeStore(q, cache, positions, table, neox, row0, nq, nk))
@@ -261,7 +232,7 @@ class CUDABackend(Backend):
         n, n_heads, hd = q.shape
         if out is None:
             out = torch.empty((n, n_heads * hd), dtype=torch.float32, device=self.device)
-        q8 = self._produce_q8(out if n == 1 and flash_decode.writes_q8(hd) else None)
+        q8, words = self._copies.produce(out, q8=n == 1 and flash_decode.writes_q8(hd), words=hd % 32 == 0)
         k_cache, v_cache = cache
         if k is not None:  # None: rope_qk stored them
             attention.write_kv(k, v, k_cache, v_cache, positions)
@@ -273,26 +244,26 @@ class CUDABackend(Backend):
                 scratch = self._decode_scratch[key] = flash_decode.DecodeScratch(n_heads, k_cache.shape[1], hd,
                                                                               self.device, dot=self.decode_dot)
         return attention.attention(q, k_cache, v_cache, positions, scale=scale, window=window, softcap=softcap,
-                                   out=out, scratch=scratch, exact=self.exact, q8=q8)
+                                   out=out, scratch=scratch, exact=self.exact, q8=q8, words=words)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         out = out if out is not None else torch.empty_like(gate)
-        return activation.silu_mul(gate, up, out=out, q8=self._produce_q8(out))
+        return activation.silu_mul(gate, up, out, *self._copies.produce(out))
 
     def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         out = out if out is not None else torch.empty_like(gate)
-        return activation.gelu_mul(gate, up, out=out, q8=self._produce_q8(out))
+        return activation.gelu_mul(gate, up, out, *self._copies.produce(out))
 
     def add(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        self._produce_q8(None)
+        self._copies.produce(None)
         return activation.add_(a, b)
 
     def scale(self, x: torch.Tensor, s: float) -> torch.Tensor:
-        self._produce_q8(None)
+        self._copies.produce(None)
         return activation.scale_(x, s)
 
     def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
-        self._produce_q8(None)
+        self._copies.produce(None)
         return activation.softcap_(x, cap)
 
     def softmax(self, x: torch.Tensor) -> torch.Tensor:

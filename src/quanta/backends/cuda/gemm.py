@@ -213,6 +213,17 @@ def _gemm_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr,
 _INTERPRETED = isinstance(_gemm_kernel, InterpretedFunction)
 
 
+@triton.jit
+def store_words(base, i, y, mask):
+    """For producers that write the GEMM's operand themselves: float32 ``y``, columns ``i`` of a row of x starting
+    at ``base``, stored as ``word_order(x, "q4", torch.bfloat16)`` has them: column ``32c + 4s + w`` at
+    ``32c + 8w + s``, rounded to nearest even as torch's cast does (on the bits: Triton's interpreter truncates)."""
+    e = i % 32
+    bits = y.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    tl.store(base + i - e + 8 * (e % 4) + e // 4, bits.to(tl.float32, bitcast=True).to(tl.bfloat16), mask=mask)
+
+
 def word_order(x: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
     """x (m, k) with each 32-column chunk permuted into the weight tile's word order (column ``32c + NS*w + s`` is
     x column ``32c + NW*s + w``), as ``dtype``: one copy per matmul, the operand the kernel streams."""
@@ -226,13 +237,16 @@ def word_order(x: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
     return out.view(m, k)
 
 
-def gemm(x: torch.Tensor, w: PackedWeight | FusedWeight, ep: _Epilogue, exact: bool, tiles: dict | None = None) -> None:
+def gemm(x: torch.Tensor, w: PackedWeight | FusedWeight, ep: _Epilogue, exact: bool, tiles: dict | None = None,
+         xw: torch.Tensor | None = None) -> None:
     """``x @ W.T`` through the epilogue ``ep``: x (m, k) float32 with contiguous rows. ``exact``: IEEE fp32
-    products, else bf16 operands with fp32 accumulation. ``tiles``: a GEMM_TILES entry to use instead (tuner)."""
+    products, else bf16 operands with fp32 accumulation. ``tiles``: a GEMM_TILES entry to use instead (tuner).
+    ``xw``: x already as the operand (``word_order`` of x), written by x's producer."""
     w = w.packed if isinstance(w, FusedWeight) else w
     m, k = x.shape
     cfg = tiles or GEMM_TILES[("exact" if exact else "fast", row_class(m))]
-    xw = word_order(x, w.kind, torch.float32 if exact else torch.bfloat16)
+    if xw is None:
+        xw = word_order(x, w.kind, torch.float32 if exact else torch.bfloat16)
     q, qh, *scales = _planes(w, words=True)
     grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(w.n, cfg["BN"]))
     _gemm_kernel[grid](xw, q, qh, *scales, *ep.args(), m, w.n, *ep.bounds, k, q.stride(0), qh.stride(0), xw.stride(0),
