@@ -9,7 +9,8 @@ Layout (see repack.py): chunk ``c`` of a weight row is NW little-endian 32-bit w
 one LOP3, one FADD and one FFMA per weight (see _slot), scales per (row, group) in fp32. The tile is built in
 *word order*: ``tl.join`` puts the NS slots of a word next to each other inside the thread that owns the word,
 so column ``32c + NS*w + s`` of the tile is weight ``32c + NW*s + w`` — no shuffles, no layout change of the codes.
-x is permuted the same way once per matmul (:func:`word_order`, fused with its bf16 cast), and a dot product does
+x is permuted the same way, by its producer (copies.py) or once per matmul (:func:`word_order`, fused with its bf16
+cast), and a dot product does
 not care about the order of K. Scales are loaded one K step ahead (registers), codes and x stream through
 shared memory; the products run on wgmma (bf16) or as fp32 FMAs (exact).
 
