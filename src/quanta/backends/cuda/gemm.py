@@ -10,9 +10,8 @@ one LOP3, one FADD and one FFMA per weight (see _slot), scales per (row, group) 
 *word order*: ``tl.join`` puts the NS slots of a word next to each other inside the thread that owns the word,
 so column ``32c + NS*w + s`` of the tile is weight ``32c + NW*s + w`` — no shuffles, no layout change of the codes.
 x is permuted the same way, by its producer (copies.py) or once per matmul (:func:`word_order`, fused with its bf16
-cast), and a dot product does
-not care about the order of K. Scales are loaded one K step ahead (registers), codes and x stream through
-shared memory; the products run on wgmma (bf16) or as fp32 FMAs (exact).
+cast), and a dot product does not care about the order of K. Scales are loaded one K step ahead (registers), codes
+and x stream through shared memory; the products run on wgmma (bf16) or as fp32 FMAs (exact).
 
 SWAP computes the transposed tile ``W x^T`` (weights as the left operand, straight from registers; x from shared
 memory), which lets Triton keep one wgmma in flight while the next tile is dequantized; the epilogue writes the
