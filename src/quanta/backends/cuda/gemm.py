@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from quanta.backends.cuda.codes import high_fields, slot_value
+from quanta.backends.cuda.codes import high_fields, high_words, slot_value
 from quanta.backends.cuda.qmatmul import _epilogue, _Epilogue, _meta, _planes
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight
 
@@ -132,13 +132,8 @@ def _weight_tile(q_ptr, qh_ptr, rows, k0, K, QS, QHS, s0, m0, s1, m1, KIND: tl.c
         hi_words = words >> SHIFT
         h0 = words
         h1 = words
-        if HB > 0:
-            hp = qh_ptr + rows[:, None, None] * QHS + (c[:, None] * HB + tl.arange(0, HB)[None, :])[None, :, :]
-            if EVEN_K:
-                hw = tl.load(hp)
-            else:
-                hw = tl.load(hp, mask=(c < K // 32)[None, :, None], other=0)
-            h0, h1 = high_fields(hw, HB)
+        if HB > 0:  # (rows are all valid: clamped by the caller)
+            h0, h1 = high_fields(high_words(qh_ptr, rows, rows >= 0, c, K // 32, QHS, HB, not EVEN_K), HB)
         # join(a, b) appends a minor axis of 2 inside each thread; the tree puts slot s at index s of the last NS
         v0 = _slot(words, hi_words, h0, h1, 0, s0, m0, BITS, HB, QOFF, DT)
         v1 = _slot(words, hi_words, h0, h1, 1, s0, m0, BITS, HB, QOFF, DT)
