@@ -58,8 +58,9 @@ class ActivationCopies:
         return q
 
     def _words_scratch(self, x: torch.Tensor) -> torch.Tensor | None:
-        four_bit = self._kinds.get("q4", 0) * 2 > sum(self._kinds.values())
-        if not self.words or not four_bit or not self._fits(x) or x.shape[0] <= GEMV_MAX_ROWS:
+        if not self.words or not self._fits(x) or x.shape[0] <= GEMV_MAX_ROWS:
+            return None
+        if self._kinds.get("q4", 0) * 2 <= sum(self._kinds.values()):  # most matrices not 4-bit
             return None
         m, k = x.shape
         return self._buffer("x_words", (m, k // 2)).view(torch.bfloat16)
