@@ -109,3 +109,29 @@ def test_kv_cache_out_of_gpu_memory_is_a_clear_error(tmp_path: Path, device: str
     monkeypatch.setattr(cuda_backend, "CUDAKVCache", out_of_memory)
     with pytest.raises(QuantaError, match="KV cache for n_ctx 48 .* lower n_ctx"):
         backend.kv_cache(model.kv_shape())
+
+
+@pytest.mark.parametrize("where", ["repack", "vector"])
+def test_weights_out_of_gpu_memory_are_a_clear_error(where: str, tmp_path: Path, device: str, monkeypatch) -> None:
+    """A matrix (or a norm vector) that does not fit in the GPU's memory: a QuantaError that names the tensor."""
+    import torch
+
+    from quanta.backends.cuda import backend as cuda_backend
+    from quanta.errors import QuantaError
+
+    path = write_tiny_model(tmp_path / "llama.gguf", "llama", n_layers=1)
+    backend = cuda_backend.CUDABackend(device)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    if where == "repack":
+        monkeypatch.setattr(cuda_backend, "repack", out_of_memory)
+        name = "token_embd.weight|output.weight|blk.0"
+    else:
+        host_tensor = cuda_backend._host_tensor  # matrices arrive as GGUF bytes, vectors as float32
+        monkeypatch.setattr(cuda_backend, "_host_tensor", lambda a: host_tensor(a) if a.dtype != np.float32
+                            else type("Host", (), {"to": out_of_memory})())
+        name = "norm.weight"
+    with pytest.raises(QuantaError, match=f"weights do not fit in the GPU's memory: .*({name}).* MiB"):
+        load_model(gguf.open(path), backend, 16)

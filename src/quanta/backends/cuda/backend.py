@@ -108,10 +108,19 @@ class CUDABackend(Backend):
     def load_weight(self, tensor: TensorInfo) -> PackedWeight:
         if len(tensor.shape) != 2:
             raise QuantaError(f"tensor {tensor.name}: expected a matrix, got shape {tuple(tensor.shape)}")
-        raw = _host_tensor(tensor.raw).to(self.device)
-        w = repack(raw, tensor.type, tuple(tensor.shape), tensor.name)
+        try:
+            raw = _host_tensor(tensor.raw).to(self.device)
+            w = repack(raw, tensor.type, tuple(tensor.shape), tensor.name)
+        except torch.OutOfMemoryError:
+            raise self._weights_too_large(tensor) from None
         self._copies.count_weight(w.kind)
         return w
+
+    def _weights_too_large(self, tensor: TensorInfo) -> QuantaError:
+        free = self.free_memory() or 0
+        return QuantaError(f"the model's weights do not fit in the GPU's memory: {tensor.name} "
+                           f"({tensor.raw.nbytes / 2**20:.0f} MiB) did not, with {free / 2**30:.1f} GiB left free; "
+                           f"use a smaller model or quantization, or a GPU with more memory")
 
     def fuse(self, weights: list[Any], biases: list[torch.Tensor | None]) -> FusedWeight | None:
         return fuse(weights, biases)
@@ -122,7 +131,10 @@ class CUDABackend(Backend):
         else:
             from quanta.quant.reference import dequantize
             a = dequantize(tensor)
-        return _host_tensor(np.ascontiguousarray(a, dtype=np.float32)).to(self.device)
+        try:
+            return _host_tensor(np.ascontiguousarray(a, dtype=np.float32)).to(self.device)
+        except torch.OutOfMemoryError:
+            raise self._weights_too_large(tensor) from None
 
     def from_host(self, a: np.ndarray) -> torch.Tensor:
         return _host_tensor(np.ascontiguousarray(a)).to(self.device)
