@@ -263,7 +263,8 @@ def main() -> None:
         layout_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q5_K_M"),
                                                                             ("llama-3.2-1b", "Q6_K"))])
     if "copies" in only:  # prefill: the producers' bf16 operand for the GEMM against each GEMM's own copy
-        copies_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
+        copies_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q8_0"),
+                                                                            ("qwen2.5-1.5b", "Q8_0"))])
     if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
         bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)
     if "compare" in only:  # tiny models of three architectures and synthetic SmolLM2 against the CPU exact mode

@@ -110,10 +110,12 @@ def test_prefill_buffers_keep_their_addresses(tmp_path: Path, device: str) -> No
 
 
 class _EagerGraph:
-    """PrefillGraph without a capture (none on the CPU): every replay runs the captured forward again."""
+    """PrefillGraph without a capture (none on the CPU): its warm-up forward, then every replay runs the captured
+    forward again."""
 
     def __init__(self, forward, inputs: np.ndarray, device, pool, stream):
         self.forward, self.device = forward, device
+        self.run(inputs)
 
     def run(self, inputs: np.ndarray):
         io = torch.from_numpy(inputs).to(self.device)

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
-from quanta.backends.cuda.gemm import store_words
+from quanta.backends.cuda.gemm import WordsCopy, store_words
 from quanta.backends.cuda.q8gemv import Q8Activation, store_q8
 
 _BLOCK = 1024
@@ -27,7 +27,7 @@ def _tanh(x):
 
 @triton.jit
 def _gated_activation_kernel(g_ptr, u_ptr, y_ptr, q_ptr, qd_ptr, yw_ptr, N, GELU: tl.constexpr, Q8: tl.constexpr,
-                             WORDS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                             WORDS: tl.constexpr, NW: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.allow_next(PDL)
     pdl.wait_prev(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -43,7 +43,7 @@ def _gated_activation_kernel(g_ptr, u_ptr, y_ptr, q_ptr, qd_ptr, yw_ptr, N, GELU
     if Q8:  # the int8 copy for the decode GEMV (q8gemv.py); rows are multiples of 32 long
         store_q8(y, tl.program_id(0) * BLOCK, N - tl.program_id(0) * BLOCK, q_ptr, qd_ptr, BLOCK)
     if WORDS:  # the bf16 copy for the prefill GEMM (gemm.py); rows are multiples of 32 long
-        store_words(yw_ptr, offs, y, mask)
+        store_words(yw_ptr, offs, y, mask, NW)
 
 
 @triton.jit
@@ -64,27 +64,29 @@ def _inplace_elementwise_kernel(x_ptr, b_ptr, N, B, s, OP: tl.constexpr, BLOCK: 
 
 
 def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu: bool,
-           q8: Q8Activation | None, words: torch.Tensor | None) -> torch.Tensor:
+           q8: Q8Activation | None, words: WordsCopy | None) -> torch.Tensor:
     assert gate.is_contiguous() and up.is_contiguous() and gate.shape == up.shape
     if out is None:
         out = torch.empty_like(gate)
     n = gate.numel()
     qargs = (q8.q, q8.d) if q8 is not None else (out, out)
-    _gated_activation_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, *qargs, words if words is not None else out,
-                                                        n, GELU=gelu, Q8=q8 is not None, WORDS=words is not None,
-                                                        BLOCK=_BLOCK, **pdl.launch())
+    _gated_activation_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, *qargs,
+                                                        words.data if words is not None else out, n, GELU=gelu,
+                                                        Q8=q8 is not None, WORDS=words is not None,
+                                                        NW=words.nw if words is not None else 4, BLOCK=_BLOCK,
+                                                        **pdl.launch())
     return out
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
-             q8: Q8Activation | None = None, words: torch.Tensor | None = None) -> torch.Tensor:
+             q8: Q8Activation | None = None, words: WordsCopy | None = None) -> torch.Tensor:
     """``silu(gate) * up``; ``q8``: also written there as int8 activations; ``words``: as the GEMM's bf16
     operand."""
     return _gated(gate, up, out, False, q8, words)
 
 
 def gelu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
-             q8: Q8Activation | None = None, words: torch.Tensor | None = None) -> torch.Tensor:
+             q8: Q8Activation | None = None, words: WordsCopy | None = None) -> torch.Tensor:
     """``gelu_tanh(gate) * up``; ``q8``: also written there as int8 activations; ``words``: as the GEMM's bf16
     operand."""
     return _gated(gate, up, out, True, q8, words)

@@ -18,7 +18,7 @@ import triton.language as tl
 from quanta.backends.cuda import flash_decode
 from quanta.backends.cuda.activation import _tanh
 from quanta.backends.cuda.flash_decode import _NEG, DecodeScratch
-from quanta.backends.cuda.gemm import store_words
+from quanta.backends.cuda.gemm import WordsCopy, store_words
 from quanta.backends.cuda.q8gemv import Q8Activation
 
 
@@ -46,7 +46,8 @@ def _scores(q, k, scale, softcap, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr
 @triton.jit
 def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, ow_ptr, N, H, HKV, HD, NCTX, scale, softcap,
                               window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr,
-                              BN: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr, WORDS: tl.constexpr):
+                              BN: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr, WORDS: tl.constexpr,
+                              NW: tl.constexpr):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // (H // HKV)
@@ -87,7 +88,7 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, ow_ptr, N, 
     omask = rmask[:, None] & dmask[None, :]
     tl.store(o_ptr + rows[:, None] * (H * HD) + h * HD + d[None, :], out, mask=omask)
     if WORDS:  # the bf16 copy for the output projection's GEMM (gemm.py; HD a multiple of 32)
-        store_words(ow_ptr + rows[:, None] * (H * HD), (h * HD + d)[None, :], out, omask)
+        store_words(ow_ptr + rows[:, None] * (H * HD), (h * HD + d)[None, :], out, omask, NW)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -101,7 +102,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, *,
               scale: float, window: int = 0, softcap: float = 0.0, out: torch.Tensor,
               scratch: DecodeScratch | None = None, exact: bool = False,
-              q8: Q8Activation | None = None, words: torch.Tensor | None = None) -> torch.Tensor:
+              q8: Q8Activation | None = None, words: WordsCopy | None = None) -> torch.Tensor:
     """Attention of q (n, H, hd) over the caches → ``out`` (n, H*hd); one token uses split-KV when given scratch
     (and, with ``q8``, also writes the output there as int8 activations: only where
     :func:`flash_decode.writes_q8`). ``words``: prefill also writes the output there as the GEMM's bf16 operand
@@ -119,8 +120,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     bm = 16 if n <= 16 else 64 if bd <= 128 else 32
     bn = 32 if bd > 128 else 64
     _prefill_attention_kernel[(triton.cdiv(n, bm), h)](q, k_cache, v_cache, positions, out,
-                                                       words if words is not None else out, n, h, hkv, hd, n_ctx,
-                                                       scale, softcap or 1.0, window, BM=bm, BN=bn, BD=bd,
+                                                       words.data if words is not None else out, n, h, hkv, hd,
+                                                       n_ctx, scale, softcap or 1.0, window, BM=bm, BN=bn, BD=bd,
                                                        num_warps=4, num_stages=2, WORDS=words is not None,
+                                                       NW=words.nw if words is not None else 4,
                                                        PRECISION="ieee" if exact else "tf32", **flags)
     return out

@@ -1,9 +1,10 @@
 """Copies of activations in the form the next matmul reads, written by the op that produces the activations.
 
 Decode (up to ``GEMV_MAX_ROWS`` rows): int8 with a scale per 32 values for the int8 GEMV (q8gemv.py), one storage per
-float buffer. Prefill (more rows, fast mode): bf16 in the GEMM's word order of 4-bit codes (gemm.py's
-``word_order``), in one scratch shared by every activation, so it can be made only when most matrices hold 4-bit
-codes (the others, and a matmul whose input has no current copy, permute x themselves).
+float buffer. Prefill (more rows, fast mode): bf16 in the GEMM's word order (gemm.py's ``word_order``), in one
+scratch shared by every activation, so in one order: that of the 4-bit codes when most of the model's matrices hold
+them, of the 8-bit codes when most hold those, else none (the matrices of another kind, and a matmul whose input
+has no current copy, permute x themselves).
 
 A copy is *live* from the op that wrote its float values until the next op that is not a matmul: producers (norms,
 gated activations, attention) write theirs, and every other op drops them all.
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from quanta.backends.cuda.gemm import WordsCopy
 from quanta.backends.cuda.q8gemv import Q8Activation, quantize
 from quanta.backends.cuda.qmatmul import GEMV_MAX_ROWS
 
@@ -42,8 +44,14 @@ class ActivationCopies:
         self._kinds: dict[str, int] = {}  # the model's matrices per code kind (repack.py)
 
     def count_weight(self, kind: str) -> None:
-        """A matrix of ``kind`` was loaded: word-order copies are made while most matrices hold 4-bit codes."""
+        """A matrix of ``kind`` was loaded: word-order copies are made in the order of the kind most matrices
+        hold."""
         self._kinds[kind] = self._kinds.get(kind, 0) + 1
+
+    def _words_kind(self) -> str | None:
+        """The code kind (q4 or q8) of more than half the model's matrices, whose word order the copies take."""
+        total = sum(self._kinds.values())
+        return next((k for k in ("q4", "q8") if self._kinds.get(k, 0) * 2 > total), None)
 
     def _fits(self, x: torch.Tensor) -> bool:
         return x.dim() == 2 and x.shape[1] % 32 == 0 and x.is_contiguous()
@@ -57,16 +65,15 @@ class ActivationCopies:
             q = self._q8[_key(x)] = Q8Activation.empty(*x.shape, self.device)
         return q
 
-    def _words_scratch(self, x: torch.Tensor) -> torch.Tensor | None:
-        if not self.words or not self._fits(x) or x.shape[0] <= GEMV_MAX_ROWS:
-            return None
-        if self._kinds.get("q4", 0) * 2 <= sum(self._kinds.values()):  # most matrices not 4-bit
+    def _words_scratch(self, x: torch.Tensor) -> WordsCopy | None:
+        kind = self._words_kind()
+        if not self.words or not self._fits(x) or x.shape[0] <= GEMV_MAX_ROWS or kind is None:
             return None
         m, k = x.shape
-        return self._buffer("x_words", (m, k // 2)).view(torch.bfloat16)
+        return WordsCopy(self._buffer("x_words", (m, k // 2)).view(torch.bfloat16), kind)
 
     def produce(self, out: torch.Tensor | None, *, q8: bool = True,
-                words: bool = True) -> tuple[Q8Activation | None, torch.Tensor | None]:
+                words: bool = True) -> tuple[Q8Activation | None, WordsCopy | None]:
         """For an op about to write ``out`` (None: an op that writes no copy): every copy goes stale; returns the
         int8 and the word-order copy the op should write (None where it cannot: ``q8``/``words`` False)."""
         self._live.clear()
@@ -89,8 +96,8 @@ class ActivationCopies:
             quantize(x, q)
             self._live.add(_key(x))
         w = None
-        if kind == "q4" and self._words_of == _key(x):
-            w = self._words_scratch(x)
+        if self._words_of == _key(x) and kind == self._words_kind():
+            w = self._words_scratch(x).data
         for o in outs:
             self._live.discard(_key(o))
             if self._words_of == _key(o):

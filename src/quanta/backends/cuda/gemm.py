@@ -23,6 +23,8 @@ Tested under TRITON_INTERPRET=1 and on the GPU against gguf-py's dequantize foll
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -208,15 +210,31 @@ def _gemm_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr,
 _INTERPRETED = isinstance(_gemm_kernel, InterpretedFunction)
 
 
+@dataclass
+class WordsCopy:
+    """x as the GEMM's operand, written by x's producer: bf16 (m, k) in the word order of ``kind``'s codes
+    (``word_order(x, kind, torch.bfloat16)``)."""
+
+    data: torch.Tensor
+    kind: str  # "q4" or "q8"
+
+    @property
+    def nw(self) -> int:
+        """Code words per 32-weight chunk: the ``NW`` of ``store_words``."""
+        return 4 if self.kind == "q4" else 8
+
+
 @triton.jit
-def store_words(base, i, y, mask):
-    """For producers that write the GEMM's operand themselves: float32 ``y``, columns ``i`` of a row of x starting
-    at ``base``, stored as ``word_order(x, "q4", torch.bfloat16)`` has them: column ``32c + 4s + w`` at
-    ``32c + 8w + s``, rounded to nearest even as torch's cast does (on the bits: Triton's interpreter truncates)."""
+def store_words(base, i, y, mask, NW: tl.constexpr):
+    """For producers that write the GEMM's operand themselves (a ``WordsCopy``): float32 ``y``, columns ``i`` of a
+    row of x starting at ``base``, stored as ``word_order(x, kind, torch.bfloat16)`` has them: column
+    ``32c + NW*s + w`` at ``32c + (32/NW)*w + s``, rounded to nearest even as torch's cast does (on the bits:
+    Triton's interpreter truncates)."""
     e = i % 32
     bits = y.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-    tl.store(base + i - e + 8 * (e % 4) + e // 4, bits.to(tl.float32, bitcast=True).to(tl.bfloat16), mask=mask)
+    tl.store(base + i - e + (32 // NW) * (e % NW) + e // NW, bits.to(tl.float32, bitcast=True).to(tl.bfloat16),
+             mask=mask)
 
 
 def word_order(x: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:

@@ -10,13 +10,14 @@ import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
-from quanta.backends.cuda.gemm import store_words
+from quanta.backends.cuda.gemm import WordsCopy, store_words
 from quanta.backends.cuda.q8gemv import Q8Activation, store_q8
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, q_ptr, qd_ptr, yw_ptr, D, eps, BLOCK: tl.constexpr,
-                     ADD_RES: tl.constexpr, Q8: tl.constexpr, WORDS: tl.constexpr, PDL: tl.constexpr):
+                     ADD_RES: tl.constexpr, Q8: tl.constexpr, WORDS: tl.constexpr, NW: tl.constexpr,
+                     PDL: tl.constexpr):
     pdl.allow_next(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -33,12 +34,12 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, q_ptr, qd_ptr, yw_ptr, D, eps
     if Q8:  # the int8 copy for the decode GEMV (q8gemv.py)
         store_q8(y, row * D, D, q_ptr, qd_ptr, BLOCK)
     if WORDS:  # the bf16 copy for the prefill GEMM (gemm.py)
-        store_words(yw_ptr + row * D, cols, y, mask)
+        store_words(yw_ptr + row * D, cols, y, mask, NW)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, q8: Q8Activation | None = None,
-             words: torch.Tensor | None = None) -> torch.Tensor:
+             words: WordsCopy | None = None) -> torch.Tensor:
     """``x / sqrt(mean(x²) + eps) * weight`` per row; with ``residual``, first ``x += residual`` (in place).
     ``q8``: also write the output as int8 activations there; ``words``: as the GEMM's bf16 operand (rows a
     multiple of 32 long)."""
@@ -49,7 +50,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     rows = x.numel() // d
     _rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out,
                               *((q8.q, q8.d) if q8 is not None else (out, out)),
-                              words if words is not None else out, d, eps, BLOCK=triton.next_power_of_2(d),
+                              words.data if words is not None else out, d, eps, BLOCK=triton.next_power_of_2(d),
                               ADD_RES=residual is not None, Q8=q8 is not None, WORDS=words is not None,
+                              NW=words.nw if words is not None else 4,
                               num_warps=4 if d <= 4096 else 8, **pdl.launch())
     return out
