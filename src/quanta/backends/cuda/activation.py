@@ -70,11 +70,9 @@ def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu:
         out = torch.empty_like(gate)
     n = gate.numel()
     qargs = (q8.q, q8.d) if q8 is not None else (out, out)
-    _gated_activation_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, *qargs,
-                                                        words.data if words is not None else out, n, GELU=gelu,
-                                                        Q8=q8 is not None, WORDS=words is not None,
-                                                        NW=words.nw if words is not None else 4, BLOCK=_BLOCK,
-                                                        **pdl.launch())
+    yw, word_flags = WordsCopy.kernel_args(words, out)
+    _gated_activation_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, *qargs, yw, n, GELU=gelu, Q8=q8 is not None,
+                                                        BLOCK=_BLOCK, **word_flags, **pdl.launch())
     return out
 
 

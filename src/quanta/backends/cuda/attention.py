@@ -119,10 +119,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     # fp32 tiles: wide heads (gemma's 256) get smaller tiles and a 2-deep pipeline to fit shared memory
     bm = 16 if n <= 16 else 64 if bd <= 128 else 32
     bn = 32 if bd > 128 else 64
-    _prefill_attention_kernel[(triton.cdiv(n, bm), h)](q, k_cache, v_cache, positions, out,
-                                                       words.data if words is not None else out, n, h, hkv, hd,
+    ow, word_flags = WordsCopy.kernel_args(words, out)
+    _prefill_attention_kernel[(triton.cdiv(n, bm), h)](q, k_cache, v_cache, positions, out, ow, n, h, hkv, hd,
                                                        n_ctx, scale, softcap or 1.0, window, BM=bm, BN=bn, BD=bd,
-                                                       num_warps=4, num_stages=2, WORDS=words is not None,
-                                                       NW=words.nw if words is not None else 4,
-                                                       PRECISION="ieee" if exact else "tf32", **flags)
+                                                       num_warps=4, num_stages=2,
+                                                       PRECISION="ieee" if exact else "tf32", **flags, **word_flags)
     return out

@@ -66,8 +66,10 @@ class ActivationCopies:
         return q
 
     def _words_scratch(self, x: torch.Tensor) -> WordsCopy | None:
+        if not self.words or not self._fits(x) or x.shape[0] <= GEMV_MAX_ROWS:
+            return None
         kind = self._words_kind()
-        if not self.words or not self._fits(x) or x.shape[0] <= GEMV_MAX_ROWS or kind is None:
+        if kind is None:
             return None
         m, k = x.shape
         return WordsCopy(self._buffer("x_words", (m, k // 2)).view(torch.bfloat16), kind)

@@ -218,16 +218,25 @@ class WordsCopy:
     data: torch.Tensor
     kind: str  # "q4" or "q8"
 
-    @property
-    def nw(self) -> int:
-        """Code words per 32-weight chunk: the ``NW`` of ``store_words``."""
-        return 4 if self.kind == "q4" else 8
+    @staticmethod
+    def kernel_args(words: WordsCopy | None, placeholder: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """A producer kernel's pointer and flags for ``store_words``: the copy and its order, or a placeholder
+        pointer (never written)."""
+        if words is None:
+            return placeholder, {"WORDS": False, "NW": 4}
+        return words.data, {"WORDS": True, "NW": _words_per_chunk(words.kind)}
+
+
+def _words_per_chunk(kind: str) -> int:
+    """Code words per 32-weight chunk of a quantized kind (repack.py): 4 for 4-bit codes, 8 for 8-bit ones."""
+    return 4 if kind == "q4" else 8
 
 
 @triton.jit
 def store_words(base, i, y, mask, NW: tl.constexpr):
-    """For producers that write the GEMM's operand themselves (a ``WordsCopy``): float32 ``y``, columns ``i`` of a
-    row of x starting at ``base``, stored as ``word_order(x, kind, torch.bfloat16)`` has them: column
+    """For producers that write the GEMM's operand themselves (a ``WordsCopy``; ``NW`` from its ``kernel_args``):
+    float32 ``y``, columns ``i`` of a row of x starting at ``base``, stored as ``word_order(x, kind,
+    torch.bfloat16)`` has them: column
     ``32c + NW*s + w`` at ``32c + (32/NW)*w + s``, rounded to nearest even as torch's cast does (on the bits:
     Triton's interpreter truncates)."""
     e = i % 32
@@ -243,7 +252,7 @@ def word_order(x: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
     if kind == "dense":
         return x.to(dtype).contiguous()
     m, k = x.shape
-    nw = 4 if kind == "q4" else 8
+    nw = _words_per_chunk(kind)
     out = torch.empty((m, k // 32, nw, 32 // nw), dtype=dtype, device=x.device)
     # one copy kernel casts and permutes; `.to(dtype).reshape(m, k)` took two (GPU run 89: prefill-512 +2-3.5%)
     out.copy_(x.reshape(m, k // 32, 32 // nw, nw).transpose(2, 3))

@@ -48,10 +48,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     if out is None:
         out = torch.empty_like(x)
     rows = x.numel() // d
+    yw, word_flags = WordsCopy.kernel_args(words, out)
     _rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out,
-                              *((q8.q, q8.d) if q8 is not None else (out, out)),
-                              words.data if words is not None else out, d, eps, BLOCK=triton.next_power_of_2(d),
-                              ADD_RES=residual is not None, Q8=q8 is not None, WORDS=words is not None,
-                              NW=words.nw if words is not None else 4,
-                              num_warps=4 if d <= 4096 else 8, **pdl.launch())
+                              *((q8.q, q8.d) if q8 is not None else (out, out)), yw, d, eps,
+                              BLOCK=triton.next_power_of_2(d), ADD_RES=residual is not None, Q8=q8 is not None,
+                              num_warps=4 if d <= 4096 else 8, **word_flags, **pdl.launch())
     return out
