@@ -36,7 +36,7 @@ class ActivationCopies:
                  buffer: Callable[[str, tuple[int, ...]], torch.Tensor]):
         self.device = device
         self.q8 = q8  # int8 copies for the decode GEMV
-        self.words = words  # bf16 word-order copies for the prefill GEMM (also needs most weights 4-bit)
+        self.words = words  # bf16 word-order copies for the prefill GEMM (also needs most weights of one kind)
         self._buffer = buffer
         self._q8: dict[_Key, Q8Activation] = {}
         self._live: set[_Key] = set()
