@@ -36,10 +36,14 @@ def _run(backend, path: Path, prompt: list[int], n_new: int):
 # files, and gate|up fused; qwen2 and gemma3 (all Q8_0): q|k|v (with biases) and gate|up fused
 QK_FUSED = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
             "ffn_down": "Q6_K"}
+# 2- and 3-bit codes (stored as 4-bit codes): q|k and gate|up fused, the embedding in Q3_K (attn_output's 64-wide
+# rows cannot hold 256-weight blocks)
+LOW_BITS = {"attn_q": "Q3_K", "attn_k": "Q3_K", "attn_v": "Q2_K", "ffn_gate": "Q3_K", "ffn_up": "Q3_K",
+            "ffn_down": "Q2_K", "token_embd": "Q3_K"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,types", [("llama", MIXED), ("llama", QK_FUSED), ("qwen2", {}),
+@pytest.mark.parametrize("arch,types", [("llama", MIXED), ("llama", QK_FUSED), ("llama", LOW_BITS), ("qwen2", {}),
                                         ("gemma3", {"token_embd": "F16"})])
 def test_forward_matches_cpu_exact(arch: str, types: dict, tmp_path: Path, device: str) -> None:
     from quanta.backends.cuda.backend import CUDABackend

@@ -1,8 +1,8 @@
 """Tiny random GGUF models (llama, qwen2, gemma3) written with quanta's own writer, for backend comparisons.
 
-Weights are random normals quantized by quanta.quant.quantize; each matrix type can be chosen so every format's
-kernel runs inside a whole forward. The tests compare backends with each other on these files, never with
-outputs recorded from our own code.
+Weights are random normals quantized by quanta.quant.quantize (random codes for the types it does not write:
+Q2_K, Q3_K); each matrix type can be chosen so every format's kernel runs inside a whole forward. The tests
+compare backends with each other on these files, never with outputs recorded from our own code.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from quanta.gguf import TensorToWrite, typed, write_gguf
-from quanta.quant.quantize import quantize
+from quanta.quant.quantize import QUANTIZABLE_TYPES, quantize
+from quanta.synth.random_weights import random_tensor
 
 
 def write_tiny_model(path: Path, arch: str = "llama", *, types: dict[str, str] | None = None, d_model: int = 64,
@@ -26,8 +27,11 @@ def write_tiny_model(path: Path, arch: str = "llama", *, types: dict[str, str] |
     def matrix(name: str, rows: int, cols: int, default: str = "Q8_0") -> None:
         key = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
         t = types.get(key, default)
-        w = (rng.standard_normal((rows, cols)) * (1.0 / np.sqrt(cols))).astype(np.float32)
-        tensors.append(TensorToWrite(name, t, (rows, cols), quantize(w, t)))
+        if t in QUANTIZABLE_TYPES:
+            w = (rng.standard_normal((rows, cols)) * (1.0 / np.sqrt(cols))).astype(np.float32)
+            tensors.append(TensorToWrite(name, t, (rows, cols), quantize(w, t)))
+        else:  # Q2_K, Q3_K: random codes and scales, as `quanta synth` writes them
+            tensors.append(TensorToWrite(name, t, (rows, cols), random_tensor(t, (rows, cols), rng, 1 / np.sqrt(cols))))
 
     def vector(name: str, n: int, around: float = 1.0) -> None:
         v = (around + 0.1 * rng.standard_normal(n)).astype(np.float32)
