@@ -182,6 +182,8 @@ def _decode_config(tiles: dict | None = None, **scratch):
 
 
 SHIPPED: dict = {}  # DecodeScratch's keyword defaults and the int8 GEMV's tiles as shipped
+
+
 def _without_decode_norms(be) -> None:
     """A diagnostic, wrong in its output: the in-layer norms of a decode step are not launched (their int8 copies
     keep what they held): what the norms cost in the loop."""

@@ -235,10 +235,9 @@ def _words_per_chunk(kind: str) -> int:
 @triton.jit
 def store_words(base, i, y, mask, NW: tl.constexpr):
     """For producers that write the GEMM's operand themselves (a ``WordsCopy``; ``NW`` from its ``kernel_args``):
-    float32 ``y``, columns ``i`` of a row of x starting at ``base``, stored as ``word_order(x, kind,
-    torch.bfloat16)`` has them: column
-    ``32c + NW*s + w`` at ``32c + (32/NW)*w + s``, rounded to nearest even as torch's cast does (on the bits:
-    Triton's interpreter truncates)."""
+    float32 ``y``, columns ``i`` of a row of x starting at ``base``, stored as ``word_order(x, kind, torch.bfloat16)``
+    has them: column ``32c + NW*s + w`` at ``32c + (32/NW)*w + s``, rounded to nearest even as torch's cast does
+    (on the bits: Triton's interpreter truncates)."""
     e = i % 32
     bits = y.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
