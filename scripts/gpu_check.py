@@ -4,8 +4,8 @@ measured read bandwidth for the roofline. Full log in $OUT/gpu_check.log, number
 summary table is printed last.
 
 Usage (repo root, on the GPU machine): PYTHONPATH=src python3 scripts/gpu_check.py [--quick] [--only NAME,...]
-(sections: tests, attntests, kernels, depth, tune, tune6, ab, layout, copies, benchfirst, compare, bench, ttft,
-prefillprof, compare2, synthcompare)
+(sections: tests, attntests, kernels, depth, tune, tune6, ab, copies, dequant, benchfirst, compare, bench,
+ttft, prefillprof, compare2, synthcompare)
 (the speed sections live in gpu_speed.py, the shared helpers in gpu_common.py)
 """
 
@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from gpu_common import BENCH_PRESETS, OUT, RESULTS, SUMMARY, WORK, bandwidth, random_raw, say, section, synth
-from gpu_speed import (bench, copies_ab, depth_sweep, first_token, layout_ab, prefill_profile, tune,
-                       variants_ab)
+from gpu_speed import (PREFILL_COPIES, PREFILL_DEQUANT, bench, depth_sweep, first_token, prefill_ab,
+                       prefill_profile, tune, variants_ab)
 
 
 @section("pytest tests/backends/cuda on the GPU (tests needing gguf-py skip where it is missing)")
@@ -259,12 +259,13 @@ def main() -> None:
         tune((6,))
     if "ab" in only:  # decode variants (gpu_speed.VARIANTS), alternating in one process
         variants_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q5_K_M"),)])
-    if "layout" in only:  # 5/6-bit weights: high-bit planes against 8-bit codes, alternating in one process
-        layout_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q5_K_M"),
-                                                                            ("llama-3.2-1b", "Q6_K"))])
     if "copies" in only:  # prefill: the producers' bf16 operand for the GEMM against each GEMM's own copy
-        copies_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q8_0"),
-                                                                            ("qwen2.5-1.5b", "Q8_0"))])
+        prefill_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q8_0"),
+                                                                             ("qwen2.5-1.5b", "Q8_0"))],
+                   PREFILL_COPIES)
+    if "dequant" in only:  # prefill: dequantized weights multiplied dense against the fused GEMM
+        prefill_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q6_K"),)],
+                   PREFILL_DEQUANT, lengths=(64, 128, 512, 2048))
     if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
         bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)
     if "compare" in only:  # tiny models of three architectures and synthetic SmolLM2 against the CPU exact mode

@@ -230,71 +230,56 @@ def variants_ab(models: list[tuple[str, Path]], reps: int = 3, n_ctx: int = 2048
         SUMMARY.append(line)
 
 
-@contextlib.contextmanager
-def _without_high_planes():
-    """Repack 5- and 6-bit formats as before session 12 (8-bit codes) while loading."""
-    from quanta.backends.cuda import repack
-
-    saved = dict(repack.HIGH_BITS)
-    repack.HIGH_BITS.clear()
-    try:
-        yield
-    finally:
-        repack.HIGH_BITS.update(saved)
+def _words_copies(on: bool):
+    def apply(be) -> None:
+        be._copies.words = on
+    return apply
 
 
-@section("5/6-bit weights as 4-bit + high-bit planes vs 8-bit codes, alternating in one process")
-def layout_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
-    """The same file loaded twice (the two repacks), decode at depth 0 and 1,024 and prefill-512 alternating."""
+def _dequantize_from(rows: int):
+    def apply(be) -> None:
+        from quanta.backends.cuda import gemm
+
+        gemm.DEQUANT_MIN_ROWS = rows
+    return apply
+
+
+# prefill variants (prefill_ab), the shipped one first: what each does to the backend
+PREFILL_COPIES = {"producers' copies": _words_copies(True), "each GEMM's own copy": _words_copies(False)}
+PREFILL_DEQUANT = {"dequantized": _dequantize_from(64), "fused GEMM": _dequantize_from(1 << 30)}
+
+
+@section("prefill variants, alternating in one process")
+def prefill_ab(models: list[tuple[str, Path]], variants: dict, lengths: tuple[int, ...] = (512,),
+               reps: int = 3) -> None:
+    """Prefill tok/s (graph replay, medians) of each variant, and how far its logits are from the first's."""
     for name, path in models:
         rates: dict = {}
-        with contextlib.ExitStack() as stack:
-            be, model, _ = stack.enter_context(_loaded(path, 2048))
-            with _without_high_planes():
-                be8, model8, _ = stack.enter_context(_loaded(path, 2048))
-            runs = {"planes": (be, model, be.kv_cache(model.kv_shape())),
-                    "8-bit": (be8, model8, be8.kv_cache(model8.kv_shape()))}
-            mb = {lab: bytes_per_token(m) / 1e6 for lab, (_, m, _) in runs.items()}
-            prompt = np.random.default_rng(0).integers(5, min(model.n_vocab, 30000), size=512).astype(np.int32)
-            for _ in range(reps):
-                for lab, (b, m, c) in runs.items():
-                    for depth in (0, 1024):
-                        rates.setdefault((depth, lab), []).append(decode_rate(b, m, c, depth, 128))
-                    pf = cuda_time(lambda b=b, m=m, c=c: b.forward(m, prompt, 0, c, all_logits=False), reps=5,
-                                   warmup=2)
-                    rates.setdefault(("prefill", lab), []).append(512 / pf)
-        med = {k: float(np.median(v)) for k, v in rates.items()}
-        line = f"{name:22s} " + " | ".join(
-            f"{lab} ({mb[lab]:.0f} MB/token): decode {med[(0, lab)]:.0f}, @1024 {med[(1024, lab)]:.0f} "
-            f"({100 * med[(1024, lab)] / med[(0, lab)]:.1f}%), prefill-512 {med[('prefill', lab)]:.0f}"
-            for lab in ("planes", "8-bit"))
-        say("  ", line, json.dumps({f"{d} {lab}": [round(x) for x in v] for (d, lab), v in rates.items()}))
-        SUMMARY.append(line)
-
-
-@section("prefill: producers writing the GEMM's bf16 operand vs each GEMM permuting x, alternating in one process")
-def copies_ab(models: list[tuple[str, Path]], reps: int = 3) -> None:
-    """Prefill-512 (graph replay) with and without the producers' copies (copies.py), and their logits compared."""
-    for name, path in models:
-        rates: dict = {}
-        logits = {}
+        logits: dict = {}
         with _loaded(path, 2048) as (be, model, _):
             cache = be.kv_cache(model.kv_shape())
-            prompt = np.random.default_rng(0).integers(5, min(model.n_vocab, 30000), size=512).astype(np.int32)
-            for _ in range(reps):
-                for on in (True, False):
-                    be._copies.words = on
-                    be._drop_prefill_graphs()
-                    be._prefill_uses.clear()
-                    pf = cuda_time(lambda: be.forward(model, prompt, 0, cache, all_logits=False), reps=5, warmup=2)
-                    rates.setdefault(on, []).append(512 / pf)
-                    logits[on] = be.to_host(be.forward(model, prompt, 0, cache, all_logits=False)).copy()
-        med = {on: float(np.median(v)) for on, v in rates.items()}
-        same = np.array_equal(logits[True], logits[False])
-        line = (f"{name:22s} prefill-512 with copies {med[True]:.0f}, without {med[False]:.0f} tok/s "
-                f"({100 * (med[True] / med[False] - 1):+.1f}%); logits equal: {same}")
-        say("  ", line, json.dumps({str(on): [round(x) for x in v] for on, v in rates.items()}))
-        SUMMARY.append(line)
+            for n in lengths:
+                prompt = np.random.default_rng(n).integers(5, min(model.n_vocab, 30000), size=n).astype(np.int32)
+                for _ in range(reps):
+                    for label, apply in variants.items():
+                        apply(be)
+                        be._drop_prefill_graphs()
+                        be._prefill_uses.clear()
+                        pf = cuda_time(lambda: be.forward(model, prompt, 0, cache, all_logits=False), reps=5,
+                                       warmup=2)
+                        rates.setdefault((n, label), []).append(n / pf)
+                        logits[(n, label)] = be.to_host(be.forward(model, prompt, 0, cache, all_logits=False))
+            next(iter(variants.values()))(be)
+        for n in lengths:
+            first = next(iter(variants))
+            med = {label: float(np.median(rates[(n, label)])) for label in variants}
+            diff = {label: float(np.abs(logits[(n, label)] - logits[(n, first)]).max()
+                                 / np.abs(logits[(n, first)]).max()) for label in variants}
+            line = f"{name:22s} prefill-{n}: " + ", ".join(
+                f"{label} {med[label]:.0f} tok/s ({100 * (med[label] / med[first] - 1):+.1f}%, logits {diff[label]:.1e})"
+                for label in variants)
+            say("  ", line, json.dumps({f"{n} {label}": [round(x) for x in rates[(n, label)]] for label in variants}))
+            SUMMARY.append(line)
 
 
 TTFT_CODE = """

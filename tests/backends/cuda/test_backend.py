@@ -80,6 +80,31 @@ def test_fusion_groups_follow_formats(tmp_path: Path, device: str) -> None:
     assert [p.names for p in cpu_layer.qkv] == [("attn_q",), ("attn_k",), ("attn_v",)]
 
 
+def test_long_prompts_dequantize_each_weight_into_one_scratch(tmp_path: Path, device: str, monkeypatch) -> None:
+    """Fast mode, a prompt of DEQUANT_MIN_ROWS tokens or more: every layer matmul dequantizes its weight into one
+    bf16 scratch (sized at load for the largest matrix) and multiplies it dense; the logits are the fused GEMM's
+    (the same bf16 operands, summed in another order)."""
+    from quanta.backends.cuda import gemm
+    from quanta.backends.cuda.backend import CUDABackend
+
+    path = write_tiny_model(tmp_path / "llama.gguf", "llama", types=QK_FUSED, d_model=256, d_ff=256, n_layers=1,
+                            vocab=64)
+    prompt = [int(t) for t in np.random.default_rng(2).integers(1, 64, gemm.DEQUANT_MIN_ROWS + 4)]
+    backends, logits = [], []
+    for min_rows in (gemm.DEQUANT_MIN_ROWS, 10**9):
+        monkeypatch.setattr(gemm, "DEQUANT_MIN_ROWS", min_rows)
+        backend = CUDABackend(device, graphs=False)
+        model = load_model(gguf.open(path), backend, len(prompt))
+        cache = backend.kv_cache(model.kv_shape())
+        logits.append(backend.to_host(backend.forward(model, np.asarray(prompt, np.int32), 0, cache,
+                                                      all_logits=False)).copy())
+        backends.append(backend)
+    dequantized, fused = backends
+    assert dequantized._dequant_scratch.numel() == dequantized._dequant_size == 2 * 256 * 256  # gate|up
+    assert fused._dequant_scratch is None
+    np.testing.assert_allclose(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
 def test_kv_cache_is_fp16_by_default_and_fp32_when_exact(tmp_path: Path, device: str) -> None:
     """The default mode halves the KV cache (the engine's itemsize is what `quanta bench` counts in bytes per
     token); exact mode keeps float32 like the CPU backend."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 from random_blocks import ALL_TYPES, gguf_reference, random_raw
 
-from quanta.backends.cuda.gemm import gemm
+from quanta.backends.cuda.gemm import dequantize_words, gemm
 from quanta.backends.cuda.qmatmul import _Epilogue
 from quanta.backends.cuda.repack import fuse, repack
 
@@ -17,6 +17,8 @@ from quanta.backends.cuda.repack import fuse, repack
 # error: a few 1e-3 of |y|, never near 1e-2.
 BF16_TOL = 1e-2
 EXACT_TOL = 1e-5
+QUANTIZED = [t for t in ALL_TYPES if t not in ("F16", "BF16", "F32")]
+DENSE_TILE = {"BM": 32, "BN": 64, "BK": 64, "SWAP": False, "num_warps": 4, "num_stages": 2}  # small, for the interpreter
 
 
 def _weight(type_name: str, n: int, k: int, device: str, seed: int = 0):
@@ -81,3 +83,40 @@ def test_fused_split_outputs_with_biases(type_name: str, device: str) -> None:
     gemm(torch.from_numpy(x).to(device), fused, _Epilogue(outs[0], None, fused.bias, outs, sum(widths)), True)
     for (_, ref_w), b, got in zip(parts, biases, outs):
         assert _rel(got, x.astype(np.float64) @ ref_w.T + (0.0 if b is None else b)) < EXACT_TOL
+
+
+
+@pytest.mark.parametrize("type_name", QUANTIZED)
+def test_gemm_through_a_dequantized_scratch(type_name: str, device: str) -> None:
+    """Fast mode from DEQUANT_MIN_ROWS rows: the weight dequantized into a bf16 scratch in word order (column
+    ``32c + NS*w + s`` holds weight ``32c + NW*s + w``), then multiplied as a dense matrix."""
+    m, n, k = 37, 72, 512 if type_name.endswith("_K") else 288
+    w, ref_w = _weight(type_name, n, k, device)
+    scratch = torch.full((n * k + 5,), float("nan"), dtype=torch.bfloat16, device=device)
+    rows = dequantize_words(w, scratch).float().cpu().numpy()
+    nw = 4 if w.kind == "q4" else 8
+    np.testing.assert_allclose(rows, ref_w.reshape(n, k // 32, 32 // nw, nw).transpose(0, 1, 3, 2).reshape(n, k),
+                               rtol=2 ** -7, atol=1e-30)  # bf16: 8 significant bits
+    x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+    out = torch.full((m, n), float("nan"), device=device)
+    gemm(torch.from_numpy(x).to(device), w, _Epilogue(out, None, None, None, n), False, DENSE_TILE, scratch=scratch)
+    assert _rel(out, x.astype(np.float64) @ ref_w.T) < BF16_TOL
+
+
+def test_dequantized_gemm_into_split_outputs_and_the_residual(device: str) -> None:
+    """The epilogue is the fused GEMM's: q|k|v stacked with biases into three arrays, and ``out += x @ W.T``."""
+    m, k, widths = 37, 256, (40, 16, 24)
+    parts = [_weight("Q4_K", n, k, device, seed=20 + i) for i, n in enumerate(widths)]
+    rng = np.random.default_rng(8)
+    biases = [rng.standard_normal(n).astype(np.float32) for n in widths]
+    fused = fuse([w for w, _ in parts], [torch.from_numpy(b).to(device) for b in biases])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    outs = [torch.full((m, n), float("nan"), device=device) for n in widths]
+    scratch = torch.empty(sum(widths) * k, dtype=torch.bfloat16, device=device)
+    xt = torch.from_numpy(x).to(device)
+    gemm(xt, fused, _Epilogue(outs[0], None, fused.bias, outs, sum(widths)), False, DENSE_TILE, scratch=scratch)
+    for (_, ref_w), b, got in zip(parts, biases, outs):
+        assert _rel(got, x.astype(np.float64) @ ref_w.T + b) < BF16_TOL
+    (w, ref_w), out = parts[0], outs[0]  # the o- and down-projections: the output is its own residual
+    gemm(xt, w, _Epilogue(out, out, None, None, w.n), False, DENSE_TILE, scratch=scratch)
+    assert _rel(out, 2 * (x.astype(np.float64) @ ref_w.T) + biases[0]) < BF16_TOL

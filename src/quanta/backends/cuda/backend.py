@@ -22,6 +22,7 @@ from quanta.backends.base import Array, Backend, KVShape
 from quanta.backends.cuda import activation, attention, flash_decode, norm, pdl, rope
 from quanta.backends.cuda.copies import ActivationCopies
 from quanta.backends.cuda.embed import embed as _embed
+from quanta.backends.cuda.gemm import DEQUANT_MAX_WEIGHTS, dequantizes
 from quanta.backends.cuda.graphs import (CAPTURE_AT_USE, MAX_GRAPH_PREFILL, DecodeGraph, PrefillGraph,
                                          padded_inputs, prefill_bucket)
 from quanta.backends.cuda.q8gemv import Q8_CONFIG
@@ -103,6 +104,10 @@ class CUDABackend(Backend):
         self._prefill_buffers: dict[str, torch.Tensor] = {}
         self._prefill_pool: Any = None  # one graph memory pool and one capture stream for every prefill graph
         self._capture_stream: torch.cuda.Stream | None = None
+        # the bf16 scratch prefill GEMMs dequantize a weight into (gemm.dequantizes), made at the first such GEMM
+        # for the largest layer matrix loaded (larger ones that may use it grow it)
+        self._dequant_scratch: torch.Tensor | None = None
+        self._dequant_size = 0
 
     # ---- loading ---------------------------------------------------------------------------------------------
     def load_weight(self, tensor: TensorInfo) -> PackedWeight:
@@ -114,6 +119,8 @@ class CUDABackend(Backend):
         except torch.OutOfMemoryError:
             raise self._weights_too_large(tensor) from None
         self._copies.count_weight(w.kind)
+        if tensor.name.startswith("blk."):  # a layer's matrix (an lm head reaches a GEMM only for all logits)
+            self._note_dequant_size(w)
         return w
 
     def _weights_too_large(self, tensor: TensorInfo) -> QuantaError:
@@ -123,7 +130,32 @@ class CUDABackend(Backend):
                            f"use a smaller model or quantization, or a GPU with more memory")
 
     def fuse(self, weights: list[Any], biases: list[torch.Tensor | None]) -> FusedWeight | None:
-        return fuse(weights, biases)
+        fused = fuse(weights, biases)
+        if fused is not None:
+            self._note_dequant_size(fused.packed)
+        return fused
+
+    def _note_dequant_size(self, w: PackedWeight) -> None:
+        if w.kind != "dense" and w.n * w.k <= DEQUANT_MAX_WEIGHTS:
+            self._dequant_size = max(self._dequant_size, w.n * w.k)
+
+    def _scratch_for(self, m: int, w: PackedWeight) -> torch.Tensor | None:
+        """The bf16 scratch a GEMM of ``m`` rows dequantizes ``w`` into, or None: no dequantizing (gemm.py's
+        ``dequantizes``), or no memory for the scratch (the fused GEMM then runs)."""
+        if not dequantizes(m, w, self.exact):
+            return None
+        if self._dequant_scratch is None or self._dequant_scratch.numel() < w.n * w.k:
+            # made by an eager forward (a prompt length's first use runs eagerly, before its graph is captured)
+            assert self.device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+            if self._dequant_scratch is not None:  # a larger model's: graphs captured before read the old one
+                self._drop_prefill_graphs()
+            self._dequant_scratch = None
+            try:
+                self._dequant_scratch = torch.empty(max(self._dequant_size, w.n * w.k), dtype=torch.bfloat16,
+                                                    device=self.device)
+            except torch.OutOfMemoryError:
+                return None
+        return self._dequant_scratch
 
     def load_vector(self, tensor: TensorInfo) -> torch.Tensor:
         if tensor.type == "F32":
@@ -186,12 +218,14 @@ class CUDABackend(Backend):
     def matmul(self, x: torch.Tensor, w: PackedWeight, *, out: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
         xq, xw = self._copies.matmul_input(x, [out] if out is not None else [], w.kind)
-        return qmatmul(x, w, out=out, residual=residual, bias=bias, exact=self.exact, xq=xq, xw=xw)
+        return qmatmul(x, w, out=out, residual=residual, bias=bias, exact=self.exact, xq=xq, xw=xw,
+                       scratch=self._scratch_for(x.shape[0], w))
 
     def matmul_split(self, x: torch.Tensor, w: FusedWeight, outs: list[torch.Tensor]) -> list[torch.Tensor]:
         assert [o.shape[-1] for o in outs] == list(w.widths), ([o.shape for o in outs], w.widths)
         xq, xw = self._copies.matmul_input(x, outs, w.packed.kind)
-        qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact, xq=xq, xw=xw)
+        qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact, xq=xq, xw=xw,
+                scratch=self._scratch_for(x.shape[0], w.packed))
         return outs
 
     def embed(self, w: PackedWeight, token_ids: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,6 +17,10 @@ SWAP computes the transposed tile ``W x^T`` (weights as the left operand, straig
 memory), which lets Triton keep one wgmma in flight while the next tile is dequantized; the epilogue writes the
 transposed accumulator. Dense (F16/BF16/F32) weights are read as they are, in weight order.
 
+From DEQUANT_MIN_ROWS activation rows up, a quantized weight is instead dequantized once into a bf16 scratch, in
+word order (``dequantize_words``: the same weight tiles, stored), and that is multiplied as a dense weight with
+the x operand in word order: one more pass over 2 bytes per weight, and no dequantizing per activation tile.
+
 Tested under TRITON_INTERPRET=1 and on the GPU against gguf-py's dequantize followed by a float64 matmul
 (tests/backends/cuda/test_gemm.py).
 """
@@ -49,8 +53,28 @@ GEMM_TILES = {
 }
 
 
+# From DEQUANT_MIN_ROWS activation rows up (fast mode) a quantized weight is first dequantized into a bf16 scratch
+# (dequantize_words) and then multiplied as a dense matrix, with the "dequantized" tiles: the fused kernel
+# dequantizes each weight once per BM activation rows and is bound by those instructions; the two kernels take
+# 0.6-0.75x its time from 64 to 2,048 rows on the benchmark models' layers (H200, GPU runs 124-125, which chose
+# the tiles), and prefill gains 22-69% (run 126). Matrices of more than DEQUANT_MAX_WEIGHTS weights (large lm
+# heads) keep the fused kernel: the scratch holds at most a 1B model's gate|up (64 MiB).
+DEQUANT_MIN_ROWS = 64
+DEQUANT_MAX_WEIGHTS = 1 << 25
+GEMM_TILES.update({
+    ("dequantized", "huge"): {"BM": 128, "BN": 256, "BK": 64, "SWAP": False, "num_warps": 8, "num_stages": 3},
+    ("dequantized", "large"): {"BM": 64, "BN": 128, "BK": 64, "SWAP": False, "num_warps": 4, "num_stages": 4},
+    ("dequantized", "medium"): {"BM": 64, "BN": 64, "BK": 64, "SWAP": False, "num_warps": 4, "num_stages": 4},
+})
+
+
 def row_class(m: int) -> str:
     return "huge" if m >= 1024 else "large" if m >= 256 else "medium" if m >= 64 else "small"
+
+
+def dequantizes(m: int, w: PackedWeight, exact: bool) -> bool:
+    """Whether the GEMM of ``m`` activation rows dequantizes ``w`` first (into a scratch of w.n * w.k bf16)."""
+    return not exact and m >= DEQUANT_MIN_ROWS and w.kind != "dense" and w.n * w.k <= DEQUANT_MAX_WEIGHTS
 
 
 @triton.jit
@@ -210,6 +234,34 @@ def _gemm_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr,
 _INTERPRETED = isinstance(_gemm_kernel, InterpretedFunction)
 
 
+@triton.jit
+def _dequantize_kernel(q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, out_ptr, N, K, QS, QHS,
+                       KIND: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
+                       HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """One [BN, BK] tile of the weight as bf16, in word order (the GEMM's own weight tile, stored)."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    k0 = tl.program_id(1) * BK
+    wrows = rows % N
+    s0, m0, s1, m1 = _scales(d_ptr, sc_ptr, dmin_ptr, mn_ptr, wrows, k0, K, KIND, G, SB, HAS_SC, HAS_MIN, HAS_MN,
+                             BN, BK)
+    t = _weight_tile(q_ptr, qh_ptr, wrows, k0, K, QS, QHS, s0, m0, s1, m1, KIND, HB, QOFF, BN, BK, EVEN_K,
+                     tl.bfloat16)
+    kk = k0 + tl.arange(0, BK)
+    tl.store(out_ptr + rows[:, None] * K + kk[None, :], t, mask=(rows < N)[:, None] & (kk < K)[None, :])
+
+
+def dequantize_words(w: PackedWeight, out: torch.Tensor) -> torch.Tensor:
+    """The quantized ``w`` as a bf16 (n, k) matrix whose rows are in word order (``word_order`` of the dequantized
+    rows), written into ``out`` (a bf16 buffer of at least n * k elements) and returned as a view of it."""
+    q, qh, *scales = _planes(w, words=True)
+    bn, bk = 64, 128
+    _dequantize_kernel[(triton.cdiv(w.n, bn), triton.cdiv(w.k, bk))](
+        q, qh, *scales, out, w.n, w.k, q.stride(0), qh.stride(0), BN=bn, BK=bk, EVEN_K=w.k % bk == 0, num_warps=4,
+        **_meta(w))
+    return out[:w.n * w.k].view(w.n, w.k)
+
+
 @dataclass
 class WordsCopy:
     """x as the GEMM's operand, written by x's producer: bf16 (m, k) in the word order of ``kind``'s codes
@@ -259,15 +311,22 @@ def word_order(x: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
 
 
 def gemm(x: torch.Tensor, w: PackedWeight | FusedWeight, ep: _Epilogue, exact: bool, tiles: dict | None = None,
-         xw: torch.Tensor | None = None) -> None:
+         xw: torch.Tensor | None = None, scratch: torch.Tensor | None = None) -> None:
     """``x @ W.T`` through the epilogue ``ep``: x (m, k) float32 with contiguous rows. ``exact``: IEEE fp32
     products, else bf16 operands with fp32 accumulation. ``tiles``: a GEMM_TILES entry to use instead (tuner).
-    ``xw``: x already as the operand (``word_order`` of x), written by x's producer."""
+    ``xw``: x already as the operand (``word_order`` of x), written by x's producer. ``scratch`` (fast mode, a
+    quantized ``w``; see ``dequantizes``): a bf16 buffer of at least n * k elements to dequantize ``w`` into
+    first, the product then taken as with a dense weight."""
     w = w.packed if isinstance(w, FusedWeight) else w
     m, k = x.shape
-    cfg = tiles or GEMM_TILES[("exact" if exact else "fast", row_class(m))]
     if xw is None:
         xw = word_order(x, w.kind, torch.float32 if exact else torch.bfloat16)
+    mode = "exact" if exact else "fast"
+    if scratch is not None:  # x stays in the quantized kind's word order, as the dequantized rows are
+        assert not exact and w.kind != "dense", (exact, w.kind)
+        w = PackedWeight(w.type, w.n, w.k, "dense", dequantize_words(w, scratch))
+        mode = "dequantized"
+    cfg = tiles or GEMM_TILES[(mode, row_class(m))]
     q, qh, *scales = _planes(w, words=True)
     grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(w.n, cfg["BN"]))
     _gemm_kernel[grid](xw, q, qh, *scales, *ep.args(), m, w.n, *ep.bounds, k, q.stride(0), qh.stride(0), xw.stride(0),

@@ -338,14 +338,16 @@ def gemv_launch(table: dict, w: PackedWeight) -> tuple[int, dict]:
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, exact: bool = False, bias: torch.Tensor | None = None,
             outs: list[torch.Tensor] | None = None, xq: Any = None, rope: RopeStore | None = None,
-            xw: torch.Tensor | None = None) -> torch.Tensor:
+            xw: torch.Tensor | None = None, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias) (+ residual)``: x (m, k) float32 contiguous rows → (m, n) float32 (written into ``out``;
     ``residual`` may be ``out``). ``outs``: instead, column blocks into these contiguous (m, n_i) arrays (≤ 3).
 
     ``exact``: the prefill GEMM multiplies in IEEE fp32 instead of bf16. ``xq``: x as int8 (a ``Q8Activation``):
     a quantized weight then takes the int8 GEMV (q8gemv.py) for few rows. ``xw``: x as the GEMM's operand (more
     rows, fast mode; gemm.py's ``word_order``), written by x's producer. ``rope``: one row through a quantized
-    weight whose GEMV tile has an even BN (``CUDABackend.qkv_rope`` checks): rotated and stored as ``rope`` says."""
+    weight whose GEMV tile has an even BN (``CUDABackend.qkv_rope`` checks): rotated and stored as ``rope`` says.
+    ``scratch``: for a GEMM (more rows), a bf16 buffer the weight is dequantized into first (gemm.py's
+    ``dequantizes`` says when)."""
     m, k = x.shape
     assert k == w.k and x.stride(1) == 1, (x.shape, w.k)
     if rope is not None:
@@ -367,5 +369,5 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
     else:
         from quanta.backends.cuda.gemm import gemm  # gemm.py imports this module's epilogue
 
-        gemm(x, w, ep, exact, xw=xw)
+        gemm(x, w, ep, exact, xw=xw, scratch=scratch)
     return out
