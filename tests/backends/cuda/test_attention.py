@@ -61,6 +61,25 @@ def test_attention_matches_reference(case, device: str) -> None:
         np.testing.assert_allclose(out.cpu().numpy(), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("h, hkv, hd, n, start, window, softcap", [
+    (4, 2, 16, 5, 3, 0, 0.0), (4, 4, 32, 20, 0, 7, 0.0), (8, 2, 64, 70, 30, 0, 0.0), (4, 1, 128, 40, 0, 0, 0.0),
+    (4, 2, 256, 37, 10, 24, 50.0)])
+def test_prefill_on_fp16_tensor_cores(h: int, hkv: int, hd: int, n: int, start: int, window: int, softcap: float,
+                                      device: str) -> None:
+    """The default mode's prefill: an fp16 cache, scores and p·V on fp16 tensor cores (operands rounded to 10-bit
+    mantissas), against the float64 reference on the cache as stored."""
+    rng = np.random.default_rng(h + hd + n)
+    k_cache, v_cache = (torch.from_numpy(rng.standard_normal((hkv, 256, hd)).astype(np.float32))
+                        .to(device=device, dtype=torch.float16) for _ in range(2))
+    q = torch.from_numpy(rng.standard_normal((n, h, hd)).astype(np.float32)).to(device)
+    pos = torch.arange(start, start + n, dtype=torch.int32, device=device)
+    out = torch.full((n, h * hd), float("nan"), device=device)
+    attention(q, k_cache, v_cache, pos, scale=hd ** -0.5, window=window, softcap=softcap, out=out)
+    want = reference(q.cpu().numpy(), k_cache.float().cpu().numpy(), v_cache.float().cpu().numpy(),
+                     pos.cpu().numpy(), hd ** -0.5, window, softcap)
+    np.testing.assert_allclose(out.cpu().numpy(), want, rtol=0, atol=2e-3)  # 10-bit mantissas: ~1e-3 of a score
+
+
 @pytest.mark.parametrize("poll", [False, True])
 @pytest.mark.parametrize("heads, kv_heads, hd", [(8, 2, 24), (6, 1, 16)])
 def test_one_launch_decode_across_positions_and_calls(heads: int, kv_heads: int, hd: int, poll: bool,

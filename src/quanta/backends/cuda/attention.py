@@ -17,7 +17,7 @@ import triton.language as tl
 
 from quanta.backends.cuda import flash_decode
 from quanta.backends.cuda.activation import _tanh
-from quanta.backends.cuda.flash_decode import _NEG, DecodeScratch
+from quanta.backends.cuda.flash_decode import _NEG, DecodeScratch, _dot
 from quanta.backends.cuda.gemm import WordsCopy, store_words
 from quanta.backends.cuda.q8gemv import Q8Activation
 
@@ -35,18 +35,20 @@ def _kv_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, pos_ptr, HKV, HD, NCTX, BD: t
     tl.store(vc_ptr + dst, tl.load(v_ptr + src, mask=m), mask=m)
 
 
-@triton.jit
-def _scores(q, k, scale, softcap, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    if SOFTCAP:
-        s = softcap * _tanh(s / softcap)
-    return s
+# prefill tiles (BM query rows, BN keys, warps, pipeline stages) per (operands, head width): fp32 tiles for the
+# exact mode's fp32 cache (wide heads, gemma's 256, get smaller ones to fit shared memory); fp16 ones for the
+# default mode's fp16 cache, multiplied on fp16 tensor cores as in decode: 0.3-0.6x the time of tf32 dots on
+# upcast tiles at 512 and 2,048 tokens (GPU run 129, scripts/gpu_prefill_attn.py, which chose these tiles)
+PREFILL_TILES = {
+    ("fp32", "narrow"): (64, 64, 4, 2), ("fp32", "wide"): (32, 32, 4, 2),
+    ("fp16", "narrow"): (64, 64, 4, 3), ("fp16", "wide"): (64, 32, 4, 2),
+}
 
 
 @triton.jit
 def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, ow_ptr, N, H, HKV, HD, NCTX, scale, softcap,
                               window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr,
-                              BN: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr, WORDS: tl.constexpr,
+                              BN: tl.constexpr, BD: tl.constexpr, DOT: tl.constexpr, WORDS: tl.constexpr,
                               NW: tl.constexpr):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -71,8 +73,10 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, ow_ptr, N, 
         p = start + tl.arange(0, BN)
         pmask = p < hi
         kvmask = pmask[:, None] & dmask[None, :]
-        k = tl.load(kbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)
-        s = _scores(q, k, scale, softcap, SOFTCAP, PRECISION)
+        k = tl.load(kbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
+        s = _dot(q, tl.trans(k), DOT) * scale
+        if SOFTCAP:
+            s = softcap * _tanh(s / softcap)
         valid = (p[None, :] <= pos[:, None]) & pmask[None, :]
         if WINDOW:
             valid = valid & (p[None, :] > pos[:, None] - window)
@@ -81,8 +85,8 @@ def _prefill_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, ow_ptr, N, 
         alpha = tl.exp(m_i - m_new)
         pexp = tl.where(valid, tl.exp(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(pexp, axis=1)
-        v = tl.load(vbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(pexp, v, input_precision=PRECISION)
+        v = tl.load(vbase + p[:, None] * HD + d[None, :], mask=kvmask, other=0.0)
+        acc = acc * alpha[:, None] + _dot(pexp, v, DOT)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     omask = rmask[:, None] & dmask[None, :]
@@ -108,7 +112,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     :func:`flash_decode.writes_q8`). ``words``: prefill also writes the output there as the GEMM's bf16 operand
     (hd a multiple of 32).
 
-    Decode multiplies in IEEE fp32; prefill on tf32 tensor cores unless ``exact``."""
+    ``exact``: IEEE fp32 products. Otherwise prefill multiplies on the tensor cores: an fp16 cache (the default
+    mode's) in fp16, an fp32 one in tf32 (both round the operands to 10-bit mantissas); decode as its scratch says."""
     if q.shape[0] == 1 and scratch is not None:
         return flash_decode.decode(q, k_cache, v_cache, positions, scale=scale, window=window, softcap=softcap,
                                    out=out, scratch=scratch, q8=q8)
@@ -116,12 +121,13 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     hkv, n_ctx, _ = k_cache.shape
     bd = triton.next_power_of_2(hd)
     flags = dict(SOFTCAP=softcap > 0, WINDOW=window > 0)
-    # fp32 tiles: wide heads (gemma's 256) get smaller tiles and a 2-deep pipeline to fit shared memory
-    bm = 16 if n <= 16 else 64 if bd <= 128 else 32
-    bn = 32 if bd > 128 else 64
+    half = k_cache.dtype == torch.float16
+    bm, bn, warps, stages = PREFILL_TILES[("fp16" if half else "fp32", "wide" if bd > 128 else "narrow")]
+    bm = 16 if n <= 16 else bm
     ow, word_flags = WordsCopy.kernel_args(words, out)
     _prefill_attention_kernel[(triton.cdiv(n, bm), h)](q, k_cache, v_cache, positions, out, ow, n, h, hkv, hd,
                                                        n_ctx, scale, softcap or 1.0, window, BM=bm, BN=bn, BD=bd,
-                                                       num_warps=4, num_stages=2,
-                                                       PRECISION="ieee" if exact else "tf32", **flags, **word_flags)
+                                                       num_warps=warps, num_stages=stages,
+                                                       DOT="ieee" if exact else "fp16" if half else "tf32",
+                                                       **flags, **word_flags)
     return out
