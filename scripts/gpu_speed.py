@@ -236,17 +236,20 @@ def _words_copies(on: bool):
     return apply
 
 
-def _dequantize_from(rows: int):
-    def apply(be) -> None:
-        from quanta.backends.cuda import gemm
+def _dequantize_from(rows: int | None):
+    """Prefill GEMMs dequantize from ``rows`` activation rows up (None: as shipped)."""
+    from quanta.backends.cuda import gemm
 
-        gemm.DEQUANT_MIN_ROWS = rows
+    shipped = gemm.DEQUANT_MIN_ROWS
+
+    def apply(be) -> None:
+        gemm.DEQUANT_MIN_ROWS = shipped if rows is None else rows
     return apply
 
 
 # prefill variants (prefill_ab), the shipped one first: what each does to the backend
 PREFILL_COPIES = {"producers' copies": _words_copies(True), "each GEMM's own copy": _words_copies(False)}
-PREFILL_DEQUANT = {"dequantized": _dequantize_from(64), "fused GEMM": _dequantize_from(1 << 30)}
+PREFILL_DEQUANT = {"dequantized": _dequantize_from(None), "fused GEMM": _dequantize_from(1 << 30)}
 
 
 @section("prefill variants, alternating in one process")
@@ -265,8 +268,8 @@ def prefill_ab(models: list[tuple[str, Path]], variants: dict, lengths: tuple[in
                         apply(be)
                         be._drop_prefill_graphs()
                         be._prefill_uses.clear()
-                        pf = cuda_time(lambda: be.forward(model, prompt, 0, cache, all_logits=False), reps=5,
-                                       warmup=2)
+                        pf = cuda_time(lambda p=prompt, c=cache: be.forward(model, p, 0, c, all_logits=False),
+                                       reps=5, warmup=2)
                         rates.setdefault((n, label), []).append(n / pf)
                         logits[(n, label)] = be.to_host(be.forward(model, prompt, 0, cache, all_logits=False))
             next(iter(variants.values()))(be)

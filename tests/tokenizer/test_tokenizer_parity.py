@@ -76,8 +76,11 @@ def test_round_trip_of_plain_text(name, tokenizers):
         assert tok.decode(tok.encode(text, add_special=False)) == text
 
 
+# Characters Python's Unicode tables (14.0 on 3.11) leave unassigned are left out: the pre-tokenizer regexes run
+# on the tables of HF tokenizers (Unicode 16+), llama.cpp on its own (15.1), and a letter added since 15.1 (say
+# U+13460, Unicode 16.0) is a letter to the first and not to the second (README, "Tokenizers")
 _ALPHABET = st.one_of(
-    st.characters(codec="utf-8", exclude_categories=["Cs"]),
+    st.characters(codec="utf-8", exclude_categories=["Cs", "Cn"]),
     st.sampled_from([" ", "  ", "\n", "\r\n", "\t", "'s", "'", "1", "123", "\u00a0", "\u3000", "\u0085", "\u200d",
                      "\u0301", "👍", "🏽", "<|im_start|>", "<|im_end|>", "<end_of_turn>", "<bos>", "\n\n", "é", "東"]),
 )
