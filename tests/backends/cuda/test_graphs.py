@@ -4,6 +4,7 @@ graphs against eager execution (logits and greedy continuations) and replay with
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,16 @@ import torch
 from tiny_models import write_tiny_model
 
 from quanta import gguf
-from quanta.backends.cuda.graphs import (MAX_GRAPH_PREFILL, MIN_GRAPH_PREFILL, PAD_ID, DecodeGraph, PrefillGraph,
-                                         bucket, padded_inputs, prefill_bucket)
+from quanta.backends.cuda.graphs import (
+    MAX_GRAPH_PREFILL,
+    MIN_GRAPH_PREFILL,
+    PAD_ID,
+    DecodeGraph,
+    PrefillGraph,
+    bucket,
+    padded_inputs,
+    prefill_bucket,
+)
 from quanta.models import load_model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -239,3 +248,26 @@ def test_graph_prefill_replays_without_allocating(tmp_path: Path) -> None:
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
     assert [k[2] for k in be._graphs] == [48]
+
+
+@needs_cuda
+def test_captures_hold_off_the_garbage_collector(tmp_path: Path, monkeypatch) -> None:
+    """A dropped backend is freed by the collector (it holds its own bound methods), and a collection during a
+    capture that destroys such a backend's graphs invalidates the capture (GPU run 133: once in 5 x 12
+    conversations of test_graph_prefill_equals_eager's cases in one process). So captures hold the collector off."""
+    from quanta.backends.cuda.backend import CUDABackend
+
+    g = gguf.open(write_tiny_model(tmp_path / "llama.gguf", "llama", types=MIXED, d_model=256, d_ff=256, vocab=64))
+    collector_on = []
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def capture_begin(graph: torch.cuda.CUDAGraph, *args, **kwargs) -> None:
+        collector_on.append(gc.isenabled())
+        begin(graph, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", capture_begin)
+    be = CUDABackend("cuda")
+    model = load_model(g, be, 256)
+    _turns(be, model, be.kv_cache(model.kv_shape()), [list(range(1, 21)), list(range(3, 28))])
+    assert len(be._graphs) == 2 and collector_on == [False, False]  # the decode step, then one prefill bucket
+    assert gc.isenabled()

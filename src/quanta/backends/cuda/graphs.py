@@ -15,7 +15,9 @@ mixed rows (say, one activation scale per tensor) would break that (tests/backen
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -61,6 +63,21 @@ def padded_inputs(token_ids: np.ndarray, start: int, rows: int) -> np.ndarray:
     return out
 
 
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, **kwargs: Any) -> Iterator[None]:
+    """``torch.cuda.graph(graph, **kwargs)`` with Python's automatic garbage collection held off: a collection
+    during the capture can free another, unreachable graph, and destroying a graph while a stream captures
+    invalidates the capture ("operation not permitted when stream is capturing")."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, **kwargs):
+            yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class DecodeGraph:
     """The one-token forward captured for one (model, cache): token id and position live in device memory."""
 
@@ -73,7 +90,7 @@ class DecodeGraph:
             model.forward(self.ids, self.pos, cache, all_logits=False)
         torch.cuda.current_stream(device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with capturing(self.graph):
             self.logits = model.forward(self.ids, self.pos, cache, all_logits=False)
 
     def run(self, token: int, start: int) -> torch.Tensor:
@@ -99,7 +116,7 @@ class PrefillGraph:
             forward(self.io[0], self.io[1])
         torch.cuda.current_stream(device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool, stream=stream):
+        with capturing(self.graph, pool=pool, stream=stream):
             self.logits = forward(self.io[0], self.io[1])
 
     def run(self, inputs: np.ndarray) -> torch.Tensor:
