@@ -1,12 +1,12 @@
 """The BPE engine behind ``Tokenizer.encode``: an HF ``tokenizers`` BPE model built from the GGUF vocabulary.
 
-Byte-level BPE ("gpt2"): the GGUF merges in rank order, llama.cpp's pre-tokenizer regexes, then GPT-2's
-byte-to-unicode mapping. SentencePiece BPE ("llama"): llama.cpp merges the adjacent pair whose concatenation
-is the highest-scoring token (leftmost first on ties) and falls back to ``<0xNN>`` byte tokens for characters
-outside the vocabulary; that is BPE whose merges are every split ``a + b`` of every token, ranked by the
-token's score, with byte fallback. Deriving those merges takes about a second for a 262k vocabulary, so the
-derived merges are cached (token id pairs, .npy) under ``<quanta home>/tokenizers/``, keyed by a hash of the
-vocabulary.
+Byte-level BPE ("gpt2"): the GGUF merges in rank order, llama.cpp's pre-tokenizer regexes (on llama.cpp's
+Unicode 15.1 classes: ``unicode_15_1``), then GPT-2's byte-to-unicode mapping. SentencePiece BPE ("llama"):
+llama.cpp merges the adjacent pair whose concatenation is the highest-scoring token (leftmost first on ties) and
+falls back to ``<0xNN>`` byte tokens for characters outside the vocabulary; that is BPE whose merges are every
+split ``a + b`` of every token, ranked by the token's score, with byte fallback. Deriving those merges takes
+about a second for a 262k vocabulary, so the derived merges are cached (token id pairs, .npy) under
+``<quanta home>/tokenizers/``, keyed by a hash of the vocabulary.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import os
 import re
 import tempfile
 from pathlib import Path
-
 from typing import Any
 
 import numpy as np
 
+from quanta.tokenizer.unicode_15_1 import Unicode151Splitter
 from quanta.tokenizer.vocab import Vocab
 
 ENGINE_VERSION = "1"  # bump when the way engines are built changes, to invalidate cached ones
@@ -35,11 +35,18 @@ class Engine:
 
     A character missing from the vocabulary still blocks merges across it in llama.cpp and is then dropped
     (its bytes are not tokens); HF drops it before merging, so it is mapped to an extra token, ``unk_id``
-    (one past the vocabulary), which is removed from the output.
+    (one past the vocabulary), which is removed from the output. Byte-level engines carry ``unicode151``, which
+    splits text holding characters added since Unicode 15.1 as llama.cpp does, and ``unsplit``, a tokenizer
+    with the same BPE model and only the ByteLevel pre-tokenizer, which encodes those pieces.
     """
 
-    def __init__(self, tokenizer: Any, byte_level: bool, unk_id: int):
-        self.tokenizer, self.byte_level, self.unk_id = tokenizer, byte_level, unk_id
+    def __init__(self, tokenizer: Any, unk_id: int, unicode151: Unicode151Splitter | None = None,
+                 unsplit: Any = None):
+        self.tokenizer, self.unk_id, self.unicode151, self.unsplit = tokenizer, unk_id, unicode151, unsplit
+
+    @property
+    def byte_level(self) -> bool:
+        return self.unicode151 is not None
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Ids of each fragment; long byte-level fragments are cut where no pre-tokenizer piece can span the
@@ -52,12 +59,26 @@ class Engine:
             parts = _safe_chunks(text) if self.byte_level else [text]
             chunks.extend(parts)
             owners.extend([k] * len(parts))
+        encodings = self._encode_chunks(chunks)
         out: list[list[int]] = [[] for _ in texts]
         unk = self.unk_id
-        for k, encoding in zip(owners, self.tokenizer.encode_batch_fast(chunks, add_special_tokens=False)):
+        for k, encoding in zip(owners, encodings):
             ids = encoding.ids
             out[k].extend(ids if unk not in ids else [i for i in ids if i != unk])
         return out
+
+    def _encode_chunks(self, chunks: list[str]) -> list[Any]:
+        """Encodings of ``chunks``; those llama.cpp splits by its Unicode 15.1 tables are encoded piece by piece."""
+        pieces = [self.unicode151.pieces(c) for c in chunks] if self.unicode151 is not None else []
+        if not any(pieces):
+            return self.tokenizer.encode_batch_fast(chunks, add_special_tokens=False)
+        regular = [i for i, p in enumerate(pieces) if p is None]
+        presplit = [i for i, p in enumerate(pieces) if p is not None]
+        encodings = dict(zip(regular, self.tokenizer.encode_batch_fast([chunks[i] for i in regular],
+                                                                        add_special_tokens=False)))
+        encodings.update(zip(presplit, self.unsplit.encode_batch_fast([pieces[i] for i in presplit],
+                                                                       is_pretokenized=True, add_special_tokens=False)))
+        return [encodings[i] for i in range(len(chunks))]
 
 
 def _safe_chunks(text: str) -> list[str]:
@@ -120,7 +141,12 @@ def _unknown_marker(vocab: Vocab) -> str:
 
 def build_engine(vocab: Vocab, spm_merges: np.ndarray | None = None) -> Engine:
     """The engine for ``vocab``; ``spm_merges`` are ``spm_merge_ids(vocab)`` when already known."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers  # 35 ms to import: only when encoding
+    from tokenizers import (  # 35 ms to import: only when encoding
+        Regex,
+        Tokenizer,
+        models,
+        pre_tokenizers,
+    )
 
     marker = _unknown_marker(vocab)
     token_to_id = {**vocab.token_to_id, marker: vocab.size}
@@ -129,14 +155,15 @@ def build_engine(vocab: Vocab, spm_merges: np.ndarray | None = None) -> Engine:
         tokens = vocab.tokens
         merges = list(zip(map(tokens.__getitem__, ids[:, 0].tolist()), map(tokens.__getitem__, ids[:, 1].tolist())))
         model = models.BPE(vocab=token_to_id, merges=merges, byte_fallback=True, unk_token=marker)
-        return Engine(Tokenizer(model), byte_level=False, unk_id=vocab.size)
+        return Engine(Tokenizer(model), unk_id=vocab.size)
     model = models.BPE(vocab=token_to_id, merges=bpe_merges(vocab), ignore_merges=vocab.ignore_merges,
                        unk_token=marker)
-    tokenizer = Tokenizer(model)
     splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in vocab.regexes]
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    return Engine(tokenizer, byte_level=True, unk_id=vocab.size)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer, unsplit = Tokenizer(model), Tokenizer(model)  # both hold the one BPE model, not copies of it
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
+    unsplit.pre_tokenizer = byte_level
+    return Engine(tokenizer, vocab.size, Unicode151Splitter(pre_tokenizers.Sequence(splits)), unsplit)
 
 
 def vocab_key(vocab: Vocab) -> str:
