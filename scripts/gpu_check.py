@@ -4,7 +4,7 @@ measured read bandwidth for the roofline. Full log in $OUT/gpu_check.log, number
 summary table is printed last.
 
 Usage (repo root, on the GPU machine): PYTHONPATH=src python3 scripts/gpu_check.py [--quick] [--only NAME,...]
-(sections: tests, attntests, kernels, depth, tune, tune6, ab, copies, dequant, benchfirst, compare, bench,
+(sections: tests, attntests, kernels, depth, tune, tune6, ab, copies, dequant, dense, benchfirst, compare, bench,
 ttft, prefillprof, compare2, synthcompare)
 (the speed sections live in gpu_speed.py, the shared helpers in gpu_common.py)
 """
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from gpu_common import BENCH_PRESETS, OUT, RESULTS, SUMMARY, WORK, bandwidth, random_raw, say, section, synth
-from gpu_speed import (PREFILL_COPIES, PREFILL_DEQUANT, bench, depth_sweep, first_token, prefill_ab,
+from gpu_speed import (PREFILL_COPIES, PREFILL_DENSE, PREFILL_DEQUANT, bench, depth_sweep, first_token, prefill_ab,
                        prefill_profile, tune, variants_ab)
 
 
@@ -266,6 +266,8 @@ def main() -> None:
     if "dequant" in only:  # prefill: dequantized weights multiplied dense against the fused GEMM
         prefill_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q6_K"),)],
                    PREFILL_DEQUANT, lengths=(64, 128, 512, 2048))
+    if "dense" in only:  # prefill: the dequantized weights through the TMA kernel against the pointer-based path
+        prefill_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], PREFILL_DENSE, lengths=(64, 512, 2048))
     if "benchfirst" in only:  # short device budgets: the benchmark before the (CPU-heavy) comparisons
         bench([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS], bw)
     if "compare" in only:  # tiny models of three architectures and synthetic SmolLM2 against the CPU exact mode

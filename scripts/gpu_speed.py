@@ -247,9 +247,32 @@ def _dequantize_from(rows: int | None):
     return apply
 
 
+# session 15's tiles for the dequantized weight on the GEMM kernel's pointer-based dense path (GPU runs 124-126)
+POINTER_DENSE_TILES = {
+    "huge": {"BM": 128, "BN": 256, "BK": 64, "SWAP": False, "num_warps": 8, "num_stages": 3},
+    "large": {"BM": 64, "BN": 128, "BK": 64, "SWAP": False, "num_warps": 4, "num_stages": 4},
+    "medium": {"BM": 64, "BN": 64, "BK": 64, "SWAP": False, "num_warps": 4, "num_stages": 4},
+}
+
+
+def _dense_on(tma: bool):
+    """The dequantized weight multiplied by dense_gemm's TMA kernel (as shipped) or by the pointer-based path."""
+    from quanta.backends.cuda import dense_gemm, gemm
+    from quanta.backends.cuda.repack import PackedWeight
+
+    def pointer_dense(xw, wd, ep, tiles=None) -> None:
+        dense = PackedWeight("BF16", wd.shape[0], wd.shape[1], "dense", wd)
+        gemm.gemm(xw, dense, ep, False, POINTER_DENSE_TILES[gemm.row_class(xw.shape[0])], xw=xw)
+
+    def apply(be) -> None:
+        gemm.dense_gemm = dense_gemm.dense_gemm if tma else pointer_dense
+    return apply
+
+
 # prefill variants (prefill_ab), the shipped one first: what each does to the backend
 PREFILL_COPIES = {"producers' copies": _words_copies(True), "each GEMM's own copy": _words_copies(False)}
 PREFILL_DEQUANT = {"dequantized": _dequantize_from(None), "fused GEMM": _dequantize_from(1 << 30)}
+PREFILL_DENSE = {"TMA dense GEMM": _dense_on(True), "pointer dense GEMM": _dense_on(False)}
 
 
 @section("prefill variants, alternating in one process")

@@ -18,8 +18,8 @@ memory), which lets Triton keep one wgmma in flight while the next tile is dequa
 transposed accumulator. Dense (F16/BF16/F32) weights are read as they are, in weight order.
 
 From DEQUANT_MIN_ROWS activation rows up, a quantized weight is instead dequantized once into a bf16 scratch, in
-word order (``dequantize_words``: the same weight tiles, stored), and that is multiplied as a dense weight with
-the x operand in word order: one more pass over 2 bytes per weight, and no dequantizing per activation tile.
+word order (``dequantize_words``: the same weight tiles, stored), and that is multiplied by dense_gemm.py's kernel
+with the x operand in word order: one more pass over 2 bytes per weight, and no dequantizing per activation tile.
 
 Tested under TRITON_INTERPRET=1 and on the GPU against gguf-py's dequantize followed by a float64 matmul
 (tests/backends/cuda/test_gemm.py).
@@ -35,7 +35,8 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from quanta.backends.cuda.codes import high_fields, high_words, slot_value
-from quanta.backends.cuda.qmatmul import _epilogue, _Epilogue, _meta, _planes
+from quanta.backends.cuda.dense_gemm import dense_gemm
+from quanta.backends.cuda.qmatmul import _Epilogue, _epilogue, _meta, _planes
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight
 
 # Tiles per (mode, activation-row class); BM is the activation-row tile, BN the weight-row tile, BK the K step.
@@ -54,18 +55,14 @@ GEMM_TILES = {
 
 
 # From DEQUANT_MIN_ROWS activation rows up (fast mode) a quantized weight is first dequantized into a bf16 scratch
-# (dequantize_words) and then multiplied as a dense matrix, with the "dequantized" tiles: the fused kernel
-# dequantizes each weight once per BM activation rows and is bound by those instructions; the two kernels take
-# 0.6-0.75x its time from 64 to 2,048 rows on the benchmark models' layers (H200, GPU runs 124-125, which chose
-# the tiles), and prefill gains 22-69% (run 126). Matrices of more than DEQUANT_MAX_WEIGHTS weights (large lm
-# heads) keep the fused kernel: the scratch holds at most a 1B model's gate|up (64 MiB).
+# (dequantize_words) and then multiplied as a dense matrix (dense_gemm.py): the fused kernel dequantizes each
+# weight once per BM activation rows and is bound by those instructions; dequantizing and this kernel's dense path
+# took 0.6-0.75x its time from 64 to 2,048 rows on the benchmark models' layers (H200, GPU runs 124-125), and
+# prefill gained 22-69% (run 126); the TMA kernel since is faster still. Matrices of more than
+# DEQUANT_MAX_WEIGHTS weights (large lm heads) keep the fused kernel: the scratch holds at most a 1B model's
+# gate|up (64 MiB).
 DEQUANT_MIN_ROWS = 64
 DEQUANT_MAX_WEIGHTS = 1 << 25
-GEMM_TILES.update({
-    ("dequantized", "huge"): {"BM": 128, "BN": 256, "BK": 64, "SWAP": False, "num_warps": 8, "num_stages": 3},
-    ("dequantized", "large"): {"BM": 64, "BN": 128, "BK": 64, "SWAP": False, "num_warps": 4, "num_stages": 4},
-    ("dequantized", "medium"): {"BM": 64, "BN": 64, "BK": 64, "SWAP": False, "num_warps": 4, "num_stages": 4},
-})
 
 
 def row_class(m: int) -> str:
@@ -313,20 +310,20 @@ def word_order(x: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
 def gemm(x: torch.Tensor, w: PackedWeight | FusedWeight, ep: _Epilogue, exact: bool, tiles: dict | None = None,
          xw: torch.Tensor | None = None, scratch: torch.Tensor | None = None) -> None:
     """``x @ W.T`` through the epilogue ``ep``: x (m, k) float32 with contiguous rows. ``exact``: IEEE fp32
-    products, else bf16 operands with fp32 accumulation. ``tiles``: a GEMM_TILES entry to use instead (tuner).
+    products, else bf16 operands with fp32 accumulation. ``tiles``: launch parameters to use instead (a GEMM_TILES
+    entry, or with ``scratch`` dense_gemm's).
     ``xw``: x already as the operand (``word_order`` of x), written by x's producer. ``scratch`` (fast mode, a
     quantized ``w``; see ``dequantizes``): a bf16 buffer of at least n * k elements to dequantize ``w`` into
-    first, the product then taken as with a dense weight."""
+    first, the product then taken by ``dense_gemm``."""
     w = w.packed if isinstance(w, FusedWeight) else w
     m, k = x.shape
     if xw is None:
         xw = word_order(x, w.kind, torch.float32 if exact else torch.bfloat16)
-    mode = "exact" if exact else "fast"
     if scratch is not None:  # x stays in the quantized kind's word order, as the dequantized rows are
         assert not exact and w.kind != "dense", (exact, w.kind)
-        w = PackedWeight(w.type, w.n, w.k, "dense", dequantize_words(w, scratch))
-        mode = "dequantized"
-    cfg = tiles or GEMM_TILES[(mode, row_class(m))]
+        dense_gemm(xw, dequantize_words(w, scratch), ep, tiles)
+        return
+    cfg = tiles or GEMM_TILES[("exact" if exact else "fast", row_class(m))]
     q, qh, *scales = _planes(w, words=True)
     grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(w.n, cfg["BN"]))
     _gemm_kernel[grid](xw, q, qh, *scales, *ep.args(), m, w.n, *ep.bounds, k, q.stride(0), qh.stride(0), xw.stride(0),
