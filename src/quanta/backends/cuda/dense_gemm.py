@@ -33,6 +33,7 @@ GROUP = 8
 
 @functools.cache
 def _sms(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (an H200's 132 for CPU tensors under the interpreter)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
