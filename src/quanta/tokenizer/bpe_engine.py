@@ -141,12 +141,7 @@ def _unknown_marker(vocab: Vocab) -> str:
 
 def build_engine(vocab: Vocab, spm_merges: np.ndarray | None = None) -> Engine:
     """The engine for ``vocab``; ``spm_merges`` are ``spm_merge_ids(vocab)`` when already known."""
-    from tokenizers import (  # 35 ms to import: only when encoding
-        Regex,
-        Tokenizer,
-        models,
-        pre_tokenizers,
-    )
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers  # 35 ms to import: only when encoding
 
     marker = _unknown_marker(vocab)
     token_to_id = {**vocab.token_to_id, marker: vocab.size}
