@@ -13,16 +13,8 @@ import torch
 from tiny_models import write_tiny_model
 
 from quanta import gguf
-from quanta.backends.cuda.graphs import (
-    MAX_GRAPH_PREFILL,
-    MIN_GRAPH_PREFILL,
-    PAD_ID,
-    DecodeGraph,
-    PrefillGraph,
-    bucket,
-    padded_inputs,
-    prefill_bucket,
-)
+from quanta.backends.cuda.graphs import (MAX_GRAPH_PREFILL, MIN_GRAPH_PREFILL, PAD_ID, DecodeGraph, PrefillGraph,
+                                         bucket, padded_inputs, prefill_bucket)
 from quanta.models import load_model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
