@@ -133,7 +133,10 @@ def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0) -> f
             t0 = time.perf_counter()
         tok = be.argmax(be.forward(model, np.asarray([tok], np.int32), pos, cache, all_logits=False)[0])
         pos += 1
-    return n_decode / (time.perf_counter() - t0)
+    rate = n_decode / (time.perf_counter() - t0)
+    if not any(type(g).__name__ == "DecodeGraph" for g in be._graphs.values()):  # GPU run 145
+        raise RuntimeError("decode ran eagerly: an op installed on the backend instance turns its graphs off")
+    return rate
 
 
 # label: KV cache dtype, decode dots (the default mode's; "f32 cache, IEEE dots": (torch.float32, "ieee") adds the

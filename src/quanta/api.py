@@ -20,12 +20,13 @@ LOGITS_CHUNK = 512  # teacher-forced scoring runs this many tokens per forward
 class LLM:
     """A model ready to generate: ``LLM("smollm2-135m")`` or ``LLM("path/to/model.gguf", device="cpu")``.
 
-    ``n_ctx``: context length (default: the model's, at most 4096); ``threads``: CPU threads (default: all
+    ``device``: "auto" (the default: the GPU where an NVIDIA GPU, torch with CUDA and triton are present, else the
+    CPU), "cpu", "cuda" or "cuda:N"; ``n_ctx``: context length (default: the model's, at most 4096); ``threads``: CPU threads (default: all
     available cores); ``exact``: fp32 activations everywhere (the reference mode) instead of the fast 8-bit
     activation path.
     """
 
-    def __init__(self, model: str | os.PathLike | None = None, *, device: str = "cpu", n_ctx: int | None = None,
+    def __init__(self, model: str | os.PathLike | None = None, *, device: str = "auto", n_ctx: int | None = None,
                  threads: int | None = None, exact: bool = False, progress: bool = False):
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2):
             raise ValueError(f"n_ctx must be an integer >= 2, got {n_ctx!r}")

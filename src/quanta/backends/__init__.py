@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 from quanta.backends.base import Backend
 from quanta.errors import QuantaError
 
-DEVICES = ("cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")
 
 
-def get_backend(device: str = "cpu", *, threads: int | None = None, exact: bool = False) -> Backend:
-    """The backend for ``device`` ("cpu", "cuda" or "cuda:N"); imported lazily (torch only for CUDA)."""
+def _nvidia_driver() -> bool:
+    """Whether an NVIDIA driver is installed (looked up without importing torch, so a CPU machine pays nothing)."""
+    return os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
+
+
+def resolve_device(device: str) -> str:
+    """``"auto"``: ``"cuda"`` where an NVIDIA GPU, torch with CUDA and triton are all present, else ``"cpu"``;
+    any other name as given."""
+    if device != "auto":
+        return device
+    if not _nvidia_driver():
+        return "cpu"
+    try:
+        import torch
+        import triton  # noqa: F401 (the CUDA backend's kernels)
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def get_backend(device: str = "auto", *, threads: int | None = None, exact: bool = False) -> Backend:
+    """The backend for ``device`` ("auto", "cpu", "cuda" or "cuda:N"; ``resolve_device`` picks for "auto");
+    imported lazily (torch only for CUDA)."""
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
-    kind = str(device).split(":")[0]
+    kind = resolve_device(str(device)).split(":")[0]
     if kind == "cpu":
         from quanta.backends.cpu.backend import CPUBackend
 
@@ -22,5 +46,5 @@ def get_backend(device: str = "cpu", *, threads: int | None = None, exact: bool 
             from quanta.backends.cuda import CUDABackend
         except ImportError as e:
             raise QuantaError(f"the CUDA backend is not available: {e}") from None
-        return CUDABackend(device=str(device), exact=exact)
+        return CUDABackend(device=resolve_device(str(device)), exact=exact)
     raise ValueError(f"unknown device {device!r} (supported: {', '.join(DEVICES)})")

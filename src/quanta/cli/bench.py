@@ -9,7 +9,8 @@ import sys
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None, help="model path or known name (default: smollm2-135m)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where quanta runs (default auto: cuda where an NVIDIA GPU and torch with CUDA are found)")
     p.add_argument("-p", "--prompt-tokens", type=int, default=512, help="prompt length for prefill/TTFT (512)")
     p.add_argument("-n", "--decode-tokens", type=int, default=128, help="tokens to decode per run (128)")
     p.add_argument("--depth", type=int, default=0, help="also measure decode after this many tokens of context")
@@ -23,6 +24,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from quanta.backends import resolve_device
     from quanta.bench.report import format_table, plot
     from quanta.bench.runner import BenchConfig, run_bench, write_json
     from quanta.hub import resolve_model
@@ -33,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.depth < 0:
         raise ValueError("--depth must be 0 or more")
     threads = args.threads or len(os.sched_getaffinity(0))
-    cfg = BenchConfig(model=resolve_model(args.model), device=args.device, prompt_tokens=args.prompt_tokens,
+    cfg = BenchConfig(model=resolve_model(args.model), device=resolve_device(args.device), prompt_tokens=args.prompt_tokens,
                       decode_tokens=args.decode_tokens, depth=args.depth, repeats=args.repeats, threads=threads,
                       vs=args.vs, exact=args.exact, cold_start=not args.no_cold_start)
     report = run_bench(cfg, progress=sys.stderr.isatty())

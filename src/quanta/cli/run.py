@@ -15,7 +15,8 @@ DEFAULT_PROMPT_HELP = "the prompt; '-' reads it from stdin (also when omitted an
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None, help="a GGUF path or known model name (default smollm2-135m)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--device", default="auto",
+                   help="auto, cpu or cuda (default auto: cuda where an NVIDIA GPU and torch with CUDA are found)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available cores)")
     p.add_argument("--n-ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     p.add_argument("--exact", action="store_true", help="fp32 activations (reference mode; slower)")
