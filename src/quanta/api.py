@@ -21,9 +21,9 @@ class LLM:
     """A model ready to generate: ``LLM("smollm2-135m")`` or ``LLM("path/to/model.gguf", device="cpu")``.
 
     ``device``: "auto" (the default: the GPU where an NVIDIA GPU, torch with CUDA and triton are present, else the
-    CPU), "cpu", "cuda" or "cuda:N"; ``n_ctx``: context length (default: the model's, at most 4096); ``threads``: CPU threads (default: all
-    available cores); ``exact``: fp32 activations everywhere (the reference mode) instead of the fast 8-bit
-    activation path.
+    CPU), "cpu", "cuda" or "cuda:N"; ``n_ctx``: context length (default: the model's, at most 4096); ``threads``:
+    CPU threads (default: all available cores); ``exact``: fp32 activations everywhere (the reference mode) instead
+    of the fast 8-bit activation path.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, device: str = "auto", n_ctx: int | None = None,

@@ -36,7 +36,8 @@ def get_backend(device: str = "auto", *, threads: int | None = None, exact: bool
     imported lazily (torch only for CUDA)."""
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
-    kind = resolve_device(str(device)).split(":")[0]
+    device = resolve_device(str(device))
+    kind = device.split(":")[0]
     if kind == "cpu":
         from quanta.backends.cpu.backend import CPUBackend
 
@@ -46,5 +47,5 @@ def get_backend(device: str = "auto", *, threads: int | None = None, exact: bool
             from quanta.backends.cuda import CUDABackend
         except ImportError as e:
             raise QuantaError(f"the CUDA backend is not available: {e}") from None
-        return CUDABackend(device=resolve_device(str(device)), exact=exact)
+        return CUDABackend(device=device, exact=exact)
     raise ValueError(f"unknown device {device!r} (supported: {', '.join(DEVICES)})")
