@@ -35,9 +35,10 @@ def run(args: argparse.Namespace) -> int:
     if args.depth < 0:
         raise ValueError("--depth must be 0 or more")
     threads = args.threads or len(os.sched_getaffinity(0))
-    cfg = BenchConfig(model=resolve_model(args.model), device=resolve_device(args.device), prompt_tokens=args.prompt_tokens,
-                      decode_tokens=args.decode_tokens, depth=args.depth, repeats=args.repeats, threads=threads,
-                      vs=args.vs, exact=args.exact, cold_start=not args.no_cold_start)
+    cfg = BenchConfig(model=resolve_model(args.model), device=resolve_device(args.device),
+                      prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, depth=args.depth,
+                      repeats=args.repeats, threads=threads, vs=args.vs, exact=args.exact,
+                      cold_start=not args.no_cold_start)
     report = run_bench(cfg, progress=sys.stderr.isatty())
     print(format_table(report))
     if args.json:
