@@ -7,9 +7,16 @@ PROMPT ?= Explain in two sentences why the sky is blue.
 
 .PHONY: run test setup clean
 
+# llama.cpp (the tests' CPU reference and `quanta bench --vs llama.cpp`) is compiled from source for this CPU, but
+# without AMX: a VM may report AMX it does not enable, and ggml's AMX matmul then dies of a protection fault. Built
+# outside pip's wheel cache, so that an earlier build with AMX is not reused.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
+	CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" $(PY) -m pip install --quiet --no-cache-dir --force-reinstall --no-deps \
+		"$$(grep -o 'llama-cpp-python[^"]*' pyproject.toml)"
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
