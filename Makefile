@@ -12,7 +12,7 @@ PROMPT ?= Explain in two sentences why the sky is blue.
 # outside pip's wheel cache, so that an earlier build with AMX is not reused.
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel setuptools
 	CFLAGS="$(NO_AMX)" CXXFLAGS="$(NO_AMX)" $(PY) -m pip install --quiet --no-cache-dir --force-reinstall --no-deps \
