@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from quanta.backends.cuda.attention import attention, write_kv
-from quanta.backends.cuda.flash_decode import DecodeScratch
+from quanta.backends.cuda.flash_decode import DecodeScratch, _with_new_row
 
 
 def reference(q, k_cache, v_cache, pos, scale, window, softcap):
@@ -208,3 +210,30 @@ def test_decode_writes_int8_output(heads: int, kv_heads: int, hd: int, device: s
                   out=out, scratch=scratch, q8=got)
         want = quantize(out)
         assert torch.equal(got.q, want.q) and torch.equal(got.d, want.d)
+
+
+@triton.jit
+def _new_row_kernel(kc_ptr, vc_ptr, ko_ptr, vo_ptr, pos, start, HD, BN: tl.constexpr, BD: tl.constexpr):
+    p = start + tl.arange(0, BN)
+    d = tl.arange(0, BD)
+    k = tl.full([BN, BD], -1.0, tl.float16)  # what a tile read before the PDL wait may hold
+    v = tl.full([BN, BD], -2.0, tl.float16)
+    k, v = _with_new_row(k, v, kc_ptr, vc_ptr, p, pos, d, d < HD, HD)
+    offs = tl.arange(0, BN)[:, None] * BD + d[None, :]
+    tl.store(ko_ptr + offs, k)
+    tl.store(vo_ptr + offs, v)
+
+
+@pytest.mark.parametrize("pos", [16, 21, 31])
+def test_the_new_key_row_is_read_again(pos: int, device: str) -> None:
+    """After its PDL wait the decode kernel reads again only row ``pos`` of its tile (the key and value the Q/K/V
+    projection just stored): that row from the cache, every other row as read before the wait."""
+    n_ctx, hd, bd, bn, start = 64, 48, 64, 16, 16
+    rng = np.random.default_rng(pos)
+    kc, vc = (torch.from_numpy(rng.standard_normal((n_ctx, hd)).astype(np.float16)).to(device) for _ in range(2))
+    ko, vo = (torch.empty((bn, bd), dtype=torch.float16, device=device) for _ in range(2))
+    _new_row_kernel[(1,)](kc, vc, ko, vo, pos, start, hd, BN=bn, BD=bd)
+    for got, cache, old in ((ko, kc, -1.0), (vo, vc, -2.0)):
+        want = np.full((bn, bd), old, dtype=np.float16)
+        want[pos - start, :hd] = cache[pos].cpu().numpy()
+        np.testing.assert_array_equal(got.cpu().numpy(), want)
