@@ -4,7 +4,7 @@ measured read bandwidth for the roofline. Full log in $OUT/gpu_check.log, number
 summary table is printed last.
 
 Usage (repo root, on the GPU machine): PYTHONPATH=src python3 scripts/gpu_check.py [--quick] [--only NAME,...]
-(sections: tests, attntests, kernels, depth, tune, tune6, ab, copies, dequant, dense, benchfirst, compare, bench,
+(sections: tests, attntests, kernels, depth, tune, tune6, logits, ab, copies, dequant, dense, benchfirst, compare, bench,
 ttft, prefillprof, compare2, synthcompare)
 (the speed sections live in gpu_speed.py, the shared helpers in gpu_common.py)
 """
@@ -23,7 +23,7 @@ import torch
 
 from gpu_common import BENCH_PRESETS, OUT, RESULTS, SUMMARY, WORK, bandwidth, random_raw, say, section, synth
 from gpu_speed import (PREFILL_COPIES, PREFILL_DENSE, PREFILL_DEQUANT, bench, depth_sweep, first_token, prefill_ab,
-                       prefill_profile, tune, variants_ab)
+                       prefill_profile, tune, variants_ab, variants_logits)
 
 
 @section("pytest tests/backends/cuda on the GPU (tests needing gguf-py skip where it is missing)")
@@ -257,6 +257,8 @@ def main() -> None:
         tune()
     if "tune6" in only:  # the same, for the 4-bit codes with high bits (Q6_K) only
         tune((6,))
+    if "logits" in only:  # decode variants' greedy logits against the first's
+        variants_logits([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "ab" in only:  # decode variants (gpu_speed.VARIANTS), alternating in one process
         variants_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q5_K_M"),)])
     if "copies" in only:  # prefill: the producers' bf16 operand for the GEMM against each GEMM's own copy

@@ -213,6 +213,40 @@ VARIANTS = {  # decode variants compared in one process: what each does to the b
 }
 
 
+@section("decode variants against the first: logits of 24 decode steps on the first's greedy tokens, graph replay")
+def variants_logits(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 1024), steps: int = 24) -> None:
+    """Whether a variant changes the arithmetic: every variant decodes the first variant's greedy tokens (so one
+    flipped near-tie does not send it down another path), and its logits are compared with the first's."""
+    first = next(iter(VARIANTS))
+    for name, path in models:
+        with _loaded(path, 2048) as (be, model, _):
+            cache = be.kv_cache(model.kv_shape())
+            for depth in depths:
+                prompt = np.random.default_rng(depth).integers(5, min(model.n_vocab, 30000),
+                                                               size=max(depth, 8)).astype(np.int32)
+                runs: dict = {}
+                tokens: list[int] = []
+                for label, apply in VARIANTS.items():
+                    apply(be)
+                    be._graphs.clear()
+                    tok = be.argmax(be.forward(model, prompt, 0, cache, all_logits=False)[0])
+                    logits = []
+                    for i in range(steps):
+                        tok = tokens[i] if label != first else tok
+                        out = be.forward(model, np.asarray([tok], np.int32), len(prompt) + i, cache, all_logits=False)
+                        logits.append(be.to_host(out).reshape(-1).copy())
+                        if label == first:
+                            tokens.append(tok)
+                            tok = int(np.argmax(logits[-1]))
+                    runs[label] = np.stack(logits)
+                line = f"{name:22s} depth {depth}: " + ", ".join(
+                    f"{label} max |diff| {float(np.abs(r - runs[first]).max()):.1e}" for label, r in runs.items()
+                    if label != first)
+                say("  ", line)
+                SUMMARY.append(line)
+            VARIANTS[first](be)
+
+
 @section("decode variants (VARIANTS), alternating in one process")
 def variants_ab(models: list[tuple[str, Path]], reps: int = 3, n_ctx: int = 2048) -> None:
     for name, path in models:
