@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from gpu_common import SUMMARY, say, section
 from gpu_speed import _loaded, decode_rate
@@ -110,3 +111,36 @@ def variants_ab(models: list[tuple[str, Path]], reps: int = 3, n_ctx: int = 2048
                                    for lab in VARIANTS)
         say("  ", line, json.dumps({f"{d} {lab}": [round(x) for x in v] for (d, lab), v in rates.items()}))
         SUMMARY.append(line)
+
+
+@section("decode loops: the product's generate (as `quanta bench` runs it) against the bare replay loop, one process")
+def loop_compare(models: list[tuple[str, Path]], reps: int = 5, n_decode: int = 128) -> None:
+    """tok/s at depths 0 and 1,024 of ``LLM.generate`` (the bench's QuantaEngine, n_ctx as the bench sets it) and of
+    ``decode_rate``'s loop on the same backend, model and cache, alternating: whether the product loop adds a cost
+    that grows with depth."""
+    from quanta.bench.engines import QuantaEngine
+    from quanta.bench.runner import _prompt
+
+    for name, path in models:
+        engine = QuantaEngine(str(path), device="cuda", threads=1, n_ctx=1024 + n_decode + 8)
+        llm = engine.llm
+        vocab = llm.model.n_vocab
+        prompts = {0: _prompt(vocab, 8), 1024: _prompt(vocab, 1024, seed=1)}
+        for depth in prompts:  # warm-up: compile, capture (a prompt length's graph at its second use)
+            engine.run(prompts[depth], 4)
+            engine.run(prompts[depth], 4)
+        rates: dict = {}
+        for _ in range(reps):
+            for depth, prompt in prompts.items():
+                rates.setdefault(("generate", depth), []).append(engine.run(prompt, n_decode).decode_tok_s)
+                llm.kv.reset()
+                rates.setdefault(("bare", depth), []).append(
+                    decode_rate(llm.backend, llm.model, llm.kv.arena, depth, n_decode))
+        med = {k: float(np.median(v)) for k, v in rates.items()}
+        line = f"{name:22s} " + ", ".join(
+            f"{loop} {med[(loop, 0)]:.0f} / {med[(loop, 1024)]:.0f} ({100 * med[(loop, 1024)] / med[(loop, 0)]:.1f}%, "
+            f"gap {1e6 / med[(loop, 1024)] - 1e6 / med[(loop, 0)]:.1f} µs)" for loop in ("generate", "bare"))
+        say("  ", line, json.dumps({f"{lp} {d}": [round(x) for x in v] for (lp, d), v in rates.items()}))
+        SUMMARY.append(line)
+        del engine, llm
+        torch.cuda.empty_cache()
