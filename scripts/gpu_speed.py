@@ -5,6 +5,7 @@ token in a fresh process and a prefill profile; the decode variants (A/B and log
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -121,18 +122,19 @@ def _kernel_profile(be, model, cache) -> dict:
         return {"kernel_breakdown_error": repr(e)}
 
 
-def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0) -> float:
-    """Greedy decode tok/s of the real loop (graph replay, device argmax, one host read per token) after a
-    ``depth``-token prompt."""
+def decode_rate(be, model, cache, depth: int, n_decode: int, seed: int = 0, chained: bool = True) -> float:
+    """Greedy decode tok/s after a ``depth``-token prompt: the product's loop (decode graphs chained on the device,
+    one step queued ahead of the host; spreads of 0.1-0.5%), or with ``chained=False`` the host-driven loop
+    (replay, device argmax, a token read, the next replay: the loop before GPU run 190)."""
+    from quanta.backends.base import Backend
+
     rng = np.random.default_rng(seed)
     prompt = rng.integers(5, min(model.n_vocab, 30000), size=max(depth, 8)).astype(np.int32)
-    tok, pos = be.argmax(be.forward(model, prompt, 0, cache, all_logits=False)[0]), len(prompt)
-    for i in range(8 + n_decode):
-        if i == 8:  # after warm-up (graph capture at the first decode)
-            torch.cuda.synchronize()
+    tok = be.argmax(be.forward(model, prompt, 0, cache, all_logits=False)[0])
+    loop = be.greedy_decode if chained else functools.partial(Backend.greedy_decode, be)
+    for i, _ in enumerate(loop(model, cache, tok, len(prompt), 8 + n_decode)):
+        if i == 7:  # after warm-up (graph captures at the first decode)
             t0 = time.perf_counter()
-        tok = be.argmax(be.forward(model, np.asarray([tok], np.int32), pos, cache, all_logits=False)[0])
-        pos += 1
     rate = n_decode / (time.perf_counter() - t0)
     if not any(type(g).__name__ == "DecodeGraph" for g in be._graphs.values()):  # GPU run 145
         raise RuntimeError("decode ran eagerly: an op installed on the backend instance turns its graphs off")

@@ -4,6 +4,7 @@ speed alternating in one process (``ab``), and their logits against the first va
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -115,9 +116,10 @@ def variants_ab(models: list[tuple[str, Path]], reps: int = 3, n_ctx: int = 2048
 
 @section("decode loops: the product's generate (as `quanta bench` runs it) against the bare replay loop, one process")
 def loop_compare(models: list[tuple[str, Path]], reps: int = 5, n_decode: int = 128) -> None:
-    """tok/s at depths 0 and 1,024 of ``LLM.generate`` (the bench's QuantaEngine, n_ctx as the bench sets it) and of
-    ``decode_rate``'s loop on the same backend, model and cache, alternating: whether the product loop adds a cost
-    that grows with depth."""
+    """tok/s at depths 0 and 1,024 of ``LLM.generate`` (the bench's QuantaEngine, n_ctx as the bench sets it), of
+    the host-driven loop on the same backend, model and cache (a token read before each replay), and of the decode
+    graph replayed back to back without reading a token (the GPU's own rate), alternating: what the product loop
+    costs over the GPU's rate (GPU runs 188, 190)."""
     from quanta.bench.engines import QuantaEngine
     from quanta.bench.runner import _prompt
 
@@ -134,13 +136,27 @@ def loop_compare(models: list[tuple[str, Path]], reps: int = 5, n_decode: int = 
             for depth, prompt in prompts.items():
                 rates.setdefault(("generate", depth), []).append(engine.run(prompt, n_decode).decode_tok_s)
                 llm.kv.reset()
-                rates.setdefault(("bare", depth), []).append(
-                    decode_rate(llm.backend, llm.model, llm.kv.arena, depth, n_decode))
+                rates.setdefault(("host-driven", depth), []).append(
+                    decode_rate(llm.backend, llm.model, llm.kv.arena, depth, n_decode, chained=False))
+                rates.setdefault(("replays", depth), []).append(
+                    _replay_rate(llm.backend, llm.model, llm.kv.arena, len(prompt), n_decode))
         med = {k: float(np.median(v)) for k, v in rates.items()}
         line = f"{name:22s} " + ", ".join(
             f"{loop} {med[(loop, 0)]:.0f} / {med[(loop, 1024)]:.0f} ({100 * med[(loop, 1024)] / med[(loop, 0)]:.1f}%, "
-            f"gap {1e6 / med[(loop, 1024)] - 1e6 / med[(loop, 0)]:.1f} µs)" for loop in ("generate", "bare"))
+            f"gap {1e6 / med[(loop, 1024)] - 1e6 / med[(loop, 0)]:.1f} µs)" for loop in ("generate", "host-driven", "replays"))
         say("  ", line, json.dumps({f"{lp} {d}": [round(x) for x in v] for (lp, d), v in rates.items()}))
         SUMMARY.append(line)
         del engine, llm
         torch.cuda.empty_cache()
+
+
+def _replay_rate(be, model, cache, start: int, n_decode: int) -> float:
+    """tok/s of ``n_decode`` decode steps from position ``start`` enqueued back to back (a fixed token, no argmax,
+    no host read): the GPU-bound rate of the same graph."""
+    be.forward(model, np.asarray([7], np.int32), start, cache, all_logits=False)  # the graph exists: no capture here
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(n_decode):
+        be.forward(model, np.asarray([7], np.int32), start + i, cache, all_logits=False)
+    torch.cuda.synchronize()
+    return n_decode / (time.perf_counter() - t0)

@@ -16,6 +16,7 @@ compute logits only for the last position); the default runs ``model.forward`` o
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -184,6 +185,15 @@ class Backend(ABC):
     @abstractmethod
     def argmax(self, x: Array) -> int:
         """Index of the largest element of a 1-D array (the greedy token)."""
+
+    def greedy_decode(self, model: Model, cache: Any, token: int, start: int, steps: int) -> Iterator[int]:
+        """The greedy tokens of ``steps`` decode steps from ``token`` at position ``start`` (each step writes its
+        input's K/V). A device backend may run a step ahead of the consumer: after it stops, the step after its last
+        token may still write that token's K/V."""
+        for i in range(steps):
+            token = self.argmax(self.forward(model, np.asarray([token], np.int32), start + i, cache,
+                                             all_logits=False)[0])
+            yield token
 
     @abstractmethod
     def last_row(self, x: Array) -> Array:

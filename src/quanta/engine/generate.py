@@ -82,6 +82,34 @@ def prefill(backend: Backend, model: Model, kv: KVCache, prompt: Sequence[int]) 
     return logits, start
 
 
+def _next_tokens(backend: Backend, model: Model, kv: KVCache, logits: Any, start: int, steps: int, sampler: Sampler,
+                 context: list[int]) -> Generator[int, None, None]:
+    """The token from the prompt's ``logits``, then one per decode step from position ``start`` (at most
+    ``steps``), recording in ``kv`` each token whose K/V a step wrote. Greedy decoding without penalties stays on
+    the device (``Backend.greedy_decode``); sampling reads each step's logits (``context``: the tokens so far, which
+    the consumer extends)."""
+    params = sampler.params
+    if params.greedy and not params.has_penalties:
+        token = backend.argmax(logits[0])
+        yield token
+        steps_out = backend.greedy_decode(model, kv.arena, token, start, steps)
+        try:
+            for token_after in steps_out:
+                kv.append([token])
+                token = token_after
+                yield token
+        finally:
+            steps_out.close()
+        return
+    token = sampler.sample(backend.to_host(logits)[0], context)
+    yield token
+    for i in range(steps):
+        logits = backend.forward(model, np.asarray([token], np.int32), start + i, kv.arena, all_logits=False)
+        kv.append([token])
+        token = sampler.sample(backend.to_host(logits)[0], context)
+        yield token
+
+
 def generate_tokens(backend: Backend, model: Model, kv: KVCache, tokenizer: Any, prompt: Sequence[int],
                     params: SamplingParams, stop: StopConditions) -> Generator[str, None, GenerationResult]:
     """Yield text pieces as tokens are generated; return the GenerationResult."""
@@ -99,11 +127,9 @@ def generate_tokens(backend: Backend, model: Model, kv: KVCache, tokenizer: Any,
     backend.synchronize()
     stats.prefill_s = time.perf_counter() - t0
     t_first = t_last = None
-    while True:
-        if params.greedy and not params.has_penalties:
-            token = backend.argmax(logits[0])
-        else:
-            token = sampler.sample(backend.to_host(logits)[0], context)
+    steps = min(stop.max_tokens - 1, kv.n_ctx - len(prompt))  # decode steps after the prompt's token
+    tokens = _next_tokens(backend, model, kv, logits, len(prompt), steps, sampler, context)
+    for token in tokens:
         t_last = time.perf_counter()
         if t_first is None:
             t_first = t_last
@@ -120,11 +146,7 @@ def generate_tokens(backend: Backend, model: Model, kv: KVCache, tokenizer: Any,
         if matcher.stopped:
             finish = "stop"
             break
-        if len(generated) >= stop.max_tokens or len(context) > kv.n_ctx:  # the new token needs a free slot
-            break
-        logits = backend.forward(model, np.asarray([token], np.int32), len(context) - 1, kv.arena,
-                                 all_logits=False)
-        kv.append([token])
+    tokens.close()
     tail = matcher.push(decoder.flush()) + matcher.flush()
     if tail:
         pieces.append(tail)

@@ -263,3 +263,31 @@ def test_captures_hold_off_the_garbage_collector(tmp_path: Path, monkeypatch) ->
     _turns(be, model, be.kv_cache(model.kv_shape()), [list(range(1, 21)), list(range(3, 28))])
     assert len(be._graphs) == 2 and collector_on == [False, False]  # the decode step, then one prefill bucket
     assert gc.isenabled()
+
+
+@needs_cuda
+def test_greedy_decode_chains_graphs_and_equals_the_step_loop(tmp_path: Path) -> None:
+    """The chained decode graph (each step writes its argmax into the next one's input; one step queued ahead of
+    the host) yields the tokens of the host-driven loop (forward, then argmax, step by step), also after a consumer
+    that stopped early left a step running past its last token."""
+    from quanta.backends.base import Backend
+    from quanta.backends.cuda.backend import CUDABackend
+
+    g = gguf.open(write_tiny_model(tmp_path / "llama.gguf", "llama", types=MIXED, d_model=256, d_ff=256, vocab=64))
+    be = CUDABackend("cuda")
+    model = load_model(g, be, 256)
+    cache = be.kv_cache(model.kv_shape())
+    prompt = np.arange(1, 20, dtype=np.int32)
+
+    def first() -> int:
+        return be.argmax(be.forward(model, prompt, 0, cache, all_logits=False)[0])
+
+    tok = first()
+    want = [tok, *Backend.greedy_decode(be, model, cache, tok, len(prompt), 40)]
+    tok = first()
+    early = be.greedy_decode(model, cache, tok, len(prompt), 40)
+    assert [tok] + [next(early) for _ in range(5)] == want[:6]
+    early.close()
+    tok = first()
+    assert [tok, *be.greedy_decode(model, cache, tok, len(prompt), 40)] == want
+    assert [*be.greedy_decode(model, cache, want[-1], len(prompt) + 40, 0)] == []

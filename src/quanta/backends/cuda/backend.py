@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -316,11 +317,21 @@ class CUDABackend(Backend):
         return torch.softmax(x, dim=-1)
 
     def argmax(self, x: torch.Tensor) -> int:
-        x = x.reshape(-1)
-        am = self._argmax.get(x.numel())
+        return int(self._argmax_of(x.numel())(x.reshape(-1)).item())  # a decode step's one host read
+
+    def _argmax_of(self, n: int) -> Argmax:
+        am = self._argmax.get(n)
         if am is None:
-            am = self._argmax[x.numel()] = Argmax(x.numel(), self.device)
-        return int(am(x).item())  # the only host read of a decode step
+            am = self._argmax[n] = Argmax(n, self.device)
+        return am
+
+    def greedy_decode(self, model: Any, cache: Any, token: int, start: int, steps: int) -> Iterator[int]:
+        """Chained decode graphs (``DecodeGraph.greedy``), or the base loop where graphs are off."""
+        if not self.graphs or "matmul" in self.__dict__:
+            yield from super().greedy_decode(model, cache, token, start, steps)
+            return
+        yield from self._decode_graph(model, cache, token, start).greedy(self._argmax_of(model.n_vocab), token,
+                                                                          start, steps)
 
     def last_row(self, x: torch.Tensor) -> torch.Tensor:
         return x[-1:]
@@ -331,18 +342,12 @@ class CUDABackend(Backend):
 
     # ---- the forward -----------------------------------------------------------------------------------------
     def forward(self, model: Any, token_ids: np.ndarray, start: int, cache: Any, *, all_logits: bool) -> Array:
-        if self._primer is not None:  # the first launch would hash Triton's sources again while the thread does
-            self._primer.join()
-            self._primer = None
+        self._join_primer()
         # op wrappers installed on the instance (bench's per-op timers) need eager execution
         wrapped = "matmul" in self.__dict__
         if self.graphs and not wrapped and not all_logits:
             if len(token_ids) == 1:
-                key = (id(model), id(cache))
-                g = self._graphs.get(key)
-                if g is None:
-                    g = self._graphs[key] = DecodeGraph(model, cache, self.device, int(token_ids[0]), start)
-                return g.run(int(token_ids[0]), start)
+                return self._decode_graph(model, cache, int(token_ids[0]), start).run(int(token_ids[0]), start)
             n_ctx = min(model.n_ctx, cache.shape.n_ctx)
             rows = prefill_bucket(len(token_ids), start, n_ctx)
             if rows is not None:
@@ -351,6 +356,19 @@ class CUDABackend(Backend):
             if rows is not None and self._prefill_uses[key] >= CAPTURE_AT_USE:
                 return self._prefill_graph(model, cache, token_ids, start, rows, min(MAX_GRAPH_PREFILL, n_ctx))
         return super().forward(model, token_ids, start, cache, all_logits=all_logits)
+
+    def _join_primer(self) -> None:
+        if self._primer is not None:  # the first launch would hash Triton's sources again while the thread does
+            self._primer.join()
+            self._primer = None
+
+    def _decode_graph(self, model: Any, cache: Any, token: int, start: int) -> DecodeGraph:
+        self._join_primer()
+        g = self._graphs.get((id(model), id(cache)))
+        if g is None:
+            g = self._graphs[(id(model), id(cache))] = DecodeGraph(model, cache, self.device, token, start)
+        assert isinstance(g, DecodeGraph)
+        return g
 
     def _prefill_graph(self, model: Any, cache: Any, token_ids: np.ndarray, start: int, rows: int,
                        capacity: int) -> torch.Tensor:
