@@ -4,9 +4,10 @@ measured read bandwidth for the roofline. Full log in $OUT/gpu_check.log, number
 summary table is printed last.
 
 Usage (repo root, on the GPU machine): PYTHONPATH=src python3 scripts/gpu_check.py [--quick] [--only NAME,...]
-(sections: tests, attntests, kernels, depth, tune, tune6, logits, loops, ab, copies, dequant, dense, benchfirst, compare, bench,
-ttft, prefillprof, compare2, synthcompare)
-(the speed sections live in gpu_speed.py, the decode variants in gpu_variants.py, the shared helpers in gpu_common.py)
+(sections: tests, attntests, kernels, depth, tune, tune6, logits, loops, ab, copies, dequant, dense, benchfirst,
+compare, bench, ttft, prefillprof, compare2, synthcompare)
+(the speed sections live in gpu_speed.py, the decode variants and loops in gpu_variants.py, the shared helpers in
+gpu_common.py)
 """
 
 from __future__ import annotations
@@ -260,7 +261,7 @@ def main() -> None:
         tune((6,))
     if "logits" in only:  # decode variants' greedy logits against the first's
         variants_logits([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
-    if "loops" in only:  # the product's generate loop against the bare replay loop, at depths 0 and 1,024
+    if "loops" in only:  # the product's generate loop, the host-driven loop and back-to-back replays
         loop_compare([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "ab" in only:  # decode variants (gpu_variants.VARIANTS), alternating in one process
         variants_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q5_K_M"),)])

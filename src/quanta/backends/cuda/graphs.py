@@ -121,8 +121,8 @@ class DecodeGraph:
                 self.pos.add_(1)
         self.ids.fill_(token)
         self.pos.fill_(start)
-        for i in range(min(steps, 1)):
-            self._queue(i)
+        if steps > 0:
+            self._queue(0)
         for i in range(steps):
             if i + 1 < steps:
                 self._queue(i + 1)
