@@ -1,5 +1,6 @@
-"""Decode variants for the GPU run (called by gpu_check.py): what each variant does to the backend, their decode
-speed alternating in one process (``ab``), and their logits against the first variant's (``logits``)."""
+"""Decode variants and loops for the GPU run (called by gpu_check.py): what each variant does to the backend, their
+decode speed alternating in one process (``ab``), their logits against the first variant's (``logits``), and the
+product's decode loop against the host-driven one and back-to-back replays (``loops``)."""
 
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ def variants_ab(models: list[tuple[str, Path]], reps: int = 3, n_ctx: int = 2048
         SUMMARY.append(line)
 
 
-@section("decode loops: the product's generate (as `quanta bench` runs it) against the bare replay loop, one process")
+@section("decode loops: the product's generate (as `quanta bench` runs it), the host-driven loop, back-to-back replays")
 def loop_compare(models: list[tuple[str, Path]], reps: int = 5, n_decode: int = 128) -> None:
     """tok/s at depths 0 and 1,024 of ``LLM.generate`` (the bench's QuantaEngine, n_ctx as the bench sets it), of
     the host-driven loop on the same backend, model and cache (a token read before each replay), and of the decode
@@ -143,7 +144,8 @@ def loop_compare(models: list[tuple[str, Path]], reps: int = 5, n_decode: int = 
         med = {k: float(np.median(v)) for k, v in rates.items()}
         line = f"{name:22s} " + ", ".join(
             f"{loop} {med[(loop, 0)]:.0f} / {med[(loop, 1024)]:.0f} ({100 * med[(loop, 1024)] / med[(loop, 0)]:.1f}%, "
-            f"gap {1e6 / med[(loop, 1024)] - 1e6 / med[(loop, 0)]:.1f} µs)" for loop in ("generate", "host-driven", "replays"))
+            f"gap {1e6 / med[(loop, 1024)] - 1e6 / med[(loop, 0)]:.1f} µs)"
+            for loop in ("generate", "host-driven", "replays"))
         say("  ", line, json.dumps({f"{lp} {d}": [round(x) for x in v] for (lp, d), v in rates.items()}))
         SUMMARY.append(line)
         del engine, llm
