@@ -4,7 +4,7 @@ measured read bandwidth for the roofline. Full log in $OUT/gpu_check.log, number
 summary table is printed last.
 
 Usage (repo root, on the GPU machine): PYTHONPATH=src python3 scripts/gpu_check.py [--quick] [--only NAME,...]
-(sections: tests, attntests, kernels, depth, tune, tune6, logits, loops, recapture, ab, copies, dequant, dense,
+(sections: tests, attntests, kernels, depth, tune, tune6, logits, loops, ab, copies, dequant, dense,
 benchfirst, compare, bench, ttft, prefillprof, compare2, synthcompare)
 (the speed sections live in gpu_speed.py, the decode variants and loops in gpu_variants.py, the shared helpers in
 gpu_common.py)
@@ -25,7 +25,7 @@ import torch
 from gpu_common import BENCH_PRESETS, OUT, RESULTS, SUMMARY, WORK, bandwidth, random_raw, say, section, synth
 from gpu_speed import (PREFILL_COPIES, PREFILL_DENSE, PREFILL_DEQUANT, bench, depth_sweep, first_token, prefill_ab,
                        prefill_profile, tune)
-from gpu_variants import loop_compare, recapture, variants_ab, variants_logits
+from gpu_variants import loop_compare, variants_ab, variants_logits
 
 
 @section("pytest tests/backends/cuda on the GPU (tests needing gguf-py skip where it is missing)")
@@ -263,8 +263,6 @@ def main() -> None:
         variants_logits([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "loops" in only:  # the product's generate loop, the host-driven loop and back-to-back replays
         loop_compare([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
-    if "recapture" in only:  # the product's decode after its first graph capture and after recaptures
-        recapture([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS])
     if "ab" in only:  # decode variants (gpu_variants.VARIANTS), alternating in one process
         variants_ab([(f"{p} {t}", synth(p, t)) for p, t in BENCH_PRESETS + (("llama-3.2-1b", "Q5_K_M"),)])
     if "copies" in only:  # prefill: the producers' bf16 operand for the GEMM against each GEMM's own copy

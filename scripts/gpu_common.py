@@ -102,4 +102,5 @@ def synth(preset: str, ftype: str) -> Path:
     return path
 
 
+BENCH_N_CTX = 1024 + 128 + 8  # the n_ctx of the bench (`-n 128 --depth 1024`: depth + decode + 8)
 BENCH_PRESETS = (("tinyllama-1.1b", "Q4_K_M"), ("llama-3.2-1b", "Q4_K_M"), ("qwen2.5-1.5b", "Q4_0"))

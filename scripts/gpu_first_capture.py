@@ -1,8 +1,9 @@
 """Decode after the process's first capture of the decode graph, by how it is made (one variant per process):
 ``first`` as the product does; ``eager`` after one eager decode step (its buffers allocated on the main stream
 before the graph's warm-up); ``dropped`` with both decode captures made once and dropped before the kept ones;
-``twice`` with the decode graph dropped after use and captured again. GPU runs 196-201: a recapture makes TinyLlama
-1.7-2.1% faster and Llama-3.2 1.9-2.4% slower (cause not found), so the product captures once.
+``twice`` with the decode graph dropped after use and captured again. GPU runs 196-201 (run 196 in one process, by
+a section since folded into ``twice``): a recapture makes TinyLlama 1.7-2.1% faster and Llama-3.2 1.9-2.4% slower
+(cause not found), so the product captures once.
 Usage: PYTHONPATH=src python3 scripts/gpu_first_capture.py MODEL VARIANT"""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from quanta.bench.engines import QuantaEngine
 from quanta.bench.runner import _prompt
 
 path, variant = sys.argv[1], sys.argv[2]
-engine = QuantaEngine(path, device="cuda", threads=1, n_ctx=1024 + 128 + 8)
+engine = QuantaEngine(path, device="cuda", threads=1, n_ctx=1024 + 128 + 8)  # the bench's (gpu_common.BENCH_N_CTX)
 llm = engine.llm
 be, model = llm.backend, llm.model
 prompts = {0: _prompt(model.n_vocab, 8), 1024: _prompt(model.n_vocab, 1024, seed=1)}

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpu_common import SUMMARY, say, section
+from gpu_common import BENCH_N_CTX, SUMMARY, say, section
 from gpu_speed import _loaded, decode_rate
 
 
@@ -63,7 +63,7 @@ VARIANTS = {  # decode variants compared in one process: what each does to the b
 
 @section("decode variants against the first: logits of 24 decode steps on the first's greedy tokens, graph replay")
 def variants_logits(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0, 1024), steps: int = 24,
-                    n_ctx: int = 1024 + 128 + 8) -> None:
+                    n_ctx: int = BENCH_N_CTX) -> None:
     """Whether a variant changes the arithmetic: every variant decodes the first variant's greedy tokens (so one
     flipped near-tie does not send it down another path), and its logits are compared with the first's."""
     first = next(iter(VARIANTS))
@@ -97,8 +97,8 @@ def variants_logits(models: list[tuple[str, Path]], depths: tuple[int, ...] = (0
 
 
 @section("decode variants (VARIANTS), alternating in one process")
-def variants_ab(models: list[tuple[str, Path]], reps: int = 3, n_ctx: int = 1024 + 128 + 8) -> None:
-    """Medians of ``reps`` at depths 0 and 1,024, at the n_ctx the issue's bench runs (depth + 128 + 8)."""
+def variants_ab(models: list[tuple[str, Path]], reps: int = 3, n_ctx: int = BENCH_N_CTX) -> None:
+    """Medians of ``reps`` at depths 0 and 1,024, at the issue's bench's n_ctx."""
     for name, path in models:
         rates: dict = {}
         with _loaded(path, n_ctx) as (be, model, _):
@@ -165,33 +165,3 @@ def _replay_rate(be, model, cache, start: int, n_decode: int) -> float:
     torch.cuda.synchronize()
     return n_decode / (time.perf_counter() - t0)
 
-
-@section("decode after the first capture and after recaptures, in one process (the product's generate loop)")
-def recapture(models: list[tuple[str, Path]], rounds: int = 4, reps: int = 3, n_decode: int = 128) -> None:
-    """``LLM.generate`` tok/s at depths 0 and 1,024 (the bench's n_ctx) with the graphs as first captured, then
-    after dropping them (``clear``: every graph; ``decode``: the decode graph only) and capturing again: in GPU run
-    195 the first round read 2% below the rounds after a recapture, as the bench does in its own process."""
-    from quanta.bench.engines import QuantaEngine
-    from quanta.bench.runner import _prompt
-
-    for name, path in models:
-        engine = QuantaEngine(str(path), device="cuda", threads=1, n_ctx=1024 + n_decode + 8)
-        be = engine.llm.backend
-        prompts = {0: _prompt(engine.llm.model.n_vocab, 8), 1024: _prompt(engine.llm.model.n_vocab, 1024, seed=1)}
-        rates: dict = {}
-        for r in range(rounds):
-            how = ("first", "clear", "decode", "clear")[r % 4]
-            if how == "clear":
-                be._graphs.clear()
-            elif how == "decode":
-                for key in [k for k, g in be._graphs.items() if type(g).__name__ == "DecodeGraph"]:
-                    del be._graphs[key]
-            for depth, prompt in prompts.items():
-                engine.run(prompt, 4)
-                engine.run(prompt, 4)
-                rates[(r, how, depth)] = [engine.run(prompt, n_decode).decode_tok_s for _ in range(reps)]
-        line = f"{name:22s} " + ", ".join(f"{r} {how} @{d} {np.median(v):.0f}" for (r, how, d), v in rates.items())
-        say("  ", line, json.dumps({f"{r} {h} {d}": [round(x) for x in v] for (r, h, d), v in rates.items()}))
-        SUMMARY.append(line)
-        del engine, be
-        torch.cuda.empty_cache()
