@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from types import SimpleNamespace
 
 import gguf as gguf_py
 import pytest
 
+from quanta.bench.engines import LlamaCppEngine
 from quanta.bench.profile import kernel_totals, op_timers
 from quanta.bench.report import format_table
 from quanta.bench.roofline import cpu_read_bandwidth, kv_bytes_per_token
 from quanta.cli.main import main
-
-pytest.importorskip("llama_cpp")
+from quanta.errors import QuantaError
 
 
 @pytest.fixture(scope="module")
 def report(smollm2_path, tmp_path_factory):
+    pytest.importorskip("llama_cpp")
     out = tmp_path_factory.mktemp("bench")
     status = main(["bench", "-m", str(smollm2_path), "-p", "32", "-n", "8", "--repeats", "2", "--threads", "2",
                    "--depth", "48", "--vs", "llama.cpp", "--json", str(out / "r.json"), "--plot", str(out / "r.png")])
@@ -99,6 +101,13 @@ def test_bad_arguments_are_one_line_errors(argv, capsys):
     assert main(["bench", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("quanta: error:") and "Traceback" not in err
+
+
+def test_vs_llama_cpp_without_llama_cpp_python_says_in_one_line_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # what `make run` leaves: the import fails
+    with pytest.raises(QuantaError) as e:
+        LlamaCppEngine("model.gguf", threads=1, n_ctx=16)
+    assert "make bench-deps" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_op_timers_count_composite_ops_once():

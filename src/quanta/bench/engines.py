@@ -12,6 +12,11 @@ from typing import Protocol
 
 import numpy as np
 
+from quanta.errors import QuantaError
+
+LLAMA_CPP_MISSING = ("--vs llama.cpp needs llama-cpp-python, which is not installed: run `make bench-deps` in the "
+                     "quanta checkout (it builds llama.cpp for this CPU, ~11 minutes)")
+
 
 @dataclass
 class RunTimes:
@@ -63,8 +68,8 @@ class LlamaCppEngine:
     def __init__(self, model: str, *, threads: int, n_ctx: int, n_batch: int = 512):
         try:
             import llama_cpp
-        except ImportError as e:
-            raise RuntimeError("--vs llama.cpp needs llama-cpp-python (pip install llama-cpp-python)") from e
+        except ImportError:
+            raise QuantaError(LLAMA_CPP_MISSING) from None
         self.llm = llama_cpp.Llama(model_path=str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                                    n_batch=n_batch, n_ubatch=n_batch, logits_all=False, verbose=False)
 
