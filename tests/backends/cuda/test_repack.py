@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from packed_reference import dequantize_packed
 from random_blocks import ALL_TYPES, gguf_reference, random_raw
 
-from quanta.backends.cuda.repack import dequantize_packed, repack
+from quanta.backends.cuda.repack import repack
 
 
 @pytest.mark.parametrize("type_name", ALL_TYPES)

@@ -169,23 +169,6 @@ def _high_plane(hi: torch.Tensor, hb: int) -> torch.Tensor:
     return out.reshape(n, k * hb // 8).contiguous()
 
 
-def _deinterleave(w: PackedWeight) -> torch.Tensor:
-    """The packed code planes back to (n, k) unsigned codes in weight order (inverse of _interleave and
-    _high_plane)."""
-    n, k = w.n, w.k
-    nw = 4 if w.kind == "q4" else 8
-    b = w.q.reshape(n, k // 32, nw, 4)
-    if w.kind == "q4":
-        b = torch.stack([b & 0x0F, b >> 4], dim=-1).reshape(n, k // 32, nw, 8)
-    q = b.transpose(2, 3).reshape(n, k)
-    if w.qh is not None:
-        hb = w.high_bits
-        h = w.qh.reshape(n, k // 32, hb, 4)
-        hi = torch.stack([(h >> (hb * f)) & ((1 << hb) - 1) for f in range(8 // hb)], dim=-1)  # [n, c, h, b, f]
-        q = q | (hi.transpose(2, 3).reshape(n, k) << 4)
-    return q
-
-
 def repack(raw: torch.Tensor, type_name: str, shape: tuple[int, int], tensor_name: str = "") -> PackedWeight:
     """GGUF bytes of an ``(n, k)`` matrix (uint8, any device) → :class:`PackedWeight` on the same device."""
     fmt = get_format(type_name, tensor_name)
@@ -254,23 +237,3 @@ def fuse(weights: list[PackedWeight], biases: list[torch.Tensor | None]) -> Fuse
                           torch.zeros(w.n, dtype=torch.float32, device=first.q.device)
                           for w, b in zip(weights, biases)])
     return FusedWeight(packed, tuple(w.n for w in weights), bias)
-
-
-def dequantize_packed(w: PackedWeight) -> torch.Tensor:
-    """The float32 weights (n, k) of a packed matrix, with torch ops (for tests and the embedding oracle)."""
-    if w.kind == "dense":
-        return w.q.float()
-    n, k = w.n, w.k
-    q = _deinterleave(w).float()
-    q = (q - w.qoff).reshape(n, k // w.group, w.group)
-    per = w.super_block // w.group
-    scale = w.d.float().repeat_interleave(per, dim=1)
-    if w.sc is not None:
-        scale = scale * w.sc.float()
-    out = q * scale[:, :, None]
-    if w.dmin is not None:
-        mn = w.dmin.float().repeat_interleave(per, dim=1)
-        if w.mn is not None:
-            mn = mn * w.mn.float()
-        out = out - mn[:, :, None]
-    return out.reshape(n, k)
