@@ -157,3 +157,39 @@ def test_not_a_file(tmp_path):
         open_gguf(tmp_path)
     with pytest.raises(GGUFError, match="cannot open"):
         open_gguf(tmp_path / "missing.gguf")
+
+
+def _two_tensors(offset_a: int, offset_b: int) -> bytes:
+    """Tensors a and b of 256 bytes each (F32 32x2) at the given data offsets; 512 data bytes."""
+    infos = (_tensor_info(b"a", offset=offset_a), _tensor_info(b"b", offset=offset_b))
+    return build(infos=infos, data=bytes(512))
+
+
+def test_tensor_data_laid_out_in_table_order_opens(tmp_path):
+    path = tmp_path / "ok.gguf"
+    path.write_bytes(_two_tensors(0, 256))
+    with open_gguf(path) as f:
+        assert f.tensors["b"].offset - f.tensors["a"].offset == 256
+
+
+@pytest.mark.parametrize("offsets, what", [
+    ((0, 0), "overlaps"),  # b's data is a's
+    ((0, 128), "overlaps"),  # b starts inside a
+    ((256, 0), "gap"),  # out of order: a after b (llama.cpp: "has offset 256, expected 0")
+    ((0, 288), "gap"),  # aligned, inside the file, but not where a ends
+])
+def test_overlapping_or_out_of_order_data_is_refused(tmp_path, offsets, what):
+    start_b = 24 + len(_kv_u32(b"a.b", 7)) + len(_tensor_info(b"a"))
+    blob = _two_tensors(*offsets)
+    if offsets == (0, 288):
+        blob += bytes(64)  # b then ends inside the file
+    e = expect(tmp_path, blob, what)
+    assert "expected offset" in str(e)
+    if offsets[0] == 0:
+        assert e.offset == start_b and "tensor b" in str(e)
+
+
+def test_gguf_error_is_a_quanta_error():
+    from quanta.errors import QuantaError
+
+    assert issubclass(GGUFError, QuantaError) and issubclass(GGUFError, ValueError)

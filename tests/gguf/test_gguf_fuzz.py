@@ -159,6 +159,14 @@ def test_alignment_key_values(samples, scratch):
     for v in (0, 1, 2, 16, 31, 48, 64, 2**20, 2**31, 2**32 - 1):
         blob = bytearray(s.blob)
         blob[at : at + 4] = struct.pack("<I", v)
-        opened = check(scratch, bytes(blob))
-        assert opened == (v in (1, 2, 16, 64)), v
+        scratch.write_bytes(bytes(blob))
+        if v == 64:
+            assert check(scratch, bytes(blob))
+            continue
+        with pytest.raises(GGUFError) as e:
+            open_gguf(scratch)
+        if not (0 < v <= 2**30 and v & (v - 1) == 0):
+            assert "general.alignment" in str(e.value), v
+        else:  # a valid alignment, but the data was laid out for 64: gaps (1, 2, 16), data past the end (2**20)
+            assert "expected offset" in str(e.value) or "past the end" in str(e.value), (v, str(e.value))
 

@@ -3,7 +3,9 @@
 Layout (v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64 metadata count, the metadata
 key/value pairs, the tensor infos (name, n_dims, ne[n_dims] as u64, u32 type, u64 offset), padding to
 ``general.alignment``, then the tensor data. Every count and length is checked against the bytes left so a
-malformed file raises ``GGUFError`` (reason + byte offset) and never allocates more than the file holds.
+malformed file raises ``GGUFError`` (reason + byte offset) and never allocates more than the file holds. As in
+llama.cpp (``gguf.cpp``), the tensors' data regions follow the table's order, each at the aligned end of the
+previous one: no overlaps, no gaps.
 """
 
 from __future__ import annotations
@@ -26,21 +28,11 @@ from quanta.gguf.constants import (
     SUPPORTED_VERSIONS,
     ValueType,
 )
+from quanta.errors import GGUFError
 
 MAX_ARRAY_NESTING = 8
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-
-
-class GGUFError(ValueError):
-    """A malformed or unsupported GGUF file; the message names the reason and the byte offset."""
-
-    def __init__(self, reason: str, offset: int | None = None, path: str | os.PathLike | None = None):
-        where = f" at byte {offset}" if offset is not None else ""
-        name = f"{path}: " if path is not None else ""
-        super().__init__(f"{name}{reason}{where}")
-        self.reason = reason
-        self.offset = offset
 
 
 @dataclass(frozen=True)
@@ -236,6 +228,7 @@ class GGUFFile:
         data_start = -(-cur.pos // self.alignment) * self.alignment
         self.data_offset = data_start
         self.tensors: dict[str, TensorInfo] = {}
+        expected = 0  # where the next tensor's data must start (relative to data_start)
         for name, ne, t, offset, start in infos:
             n = 1
             for d in ne:
@@ -256,6 +249,11 @@ class GGUFFile:
                     f"({self.file_size} bytes)", absolute)
             if name in self.tensors:
                 raise GGUFError(f"duplicate tensor name {name}", start)
+            if offset != expected:
+                how = "overlaps the data before it" if offset < expected else "leaves a gap after the data before it"
+                raise GGUFError(f"tensor {name}'s data at data offset {offset} {how} (expected offset {expected}: "
+                                f"each tensor's data follows the previous one's, in table order)", start)
+            expected += -(-nbytes // self.alignment) * self.alignment
             raw = np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=absolute)
             self.tensors[name] = TensorInfo(name, t.name, tuple(int(d) for d in reversed(ne)), absolute, nbytes, raw)
 
