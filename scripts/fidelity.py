@@ -14,9 +14,10 @@ correlation between neighbouring tokens); a 95 % interval is about ±2 of them. 
 change upstream flips other roundings downstream, so two int8 runs differ from each other about as much as each
 differs from exact; only these statistics, not token-by-token outputs, carry over to the GPU.
 
-    PYTHONPATH=src .venv/bin/python scripts/fidelity.py [--tokens 8192] [--window 512] [--text PATH]
+    .venv/bin/python scripts/fidelity.py [--tokens 8192] [--window 512] [--text PATH]
 
-The whole GPL-3 (~7,100 tokens, 13 windows) takes ~9 minutes on 2 cores.
+The whole GPL-3 (~7,100 tokens, 13 windows) takes ~9 minutes on 2 cores. The emulation wraps two ops of the CPU
+backend (``matmul``, ``attention``) on the instance; everything else is ``quanta.LLM``.
 """
 
 from __future__ import annotations
@@ -30,12 +31,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from quanta import gguf
-from quanta.backends.cpu.backend import CPUBackend
-from quanta.engine import KVCache
+from quanta import LLM, load_tokenizer
 from quanta.hub import resolve_model
-from quanta.models import load_model
-from quanta.tokenizer import load_tokenizer
 
 BLOCK = 64  # tokens per block for the standard errors
 MATRIX_CLASS = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv", "attn_output": "attn_out",
@@ -69,24 +66,24 @@ class Emulation:
     block: int = 32
 
 
-class EmulatedBackend(CPUBackend):
-    """The CPU exact backend with the roundings of an :class:`Emulation`."""
+def emulate(backend: Any, e: Emulation) -> None:
+    """Gives an exact-mode CPU backend the roundings of ``e``: its matmul and attention wrapped on the instance."""
+    matmul, attention = backend.matmul, backend.attention
 
-    def __init__(self, emulation: Emulation, *, threads: int | None = None):
-        super().__init__(threads=threads, exact=True)
-        self.emulation = emulation
-
-    def matmul(self, x: np.ndarray, w: Any, **kwargs: Any) -> np.ndarray:
-        e = self.emulation
+    def rounded_matmul(x: np.ndarray, w: Any, *args: Any, **kwargs: Any) -> np.ndarray:
         if matrix_class(w.name) in e.q8:
             x = q8_roundtrip(x, block=e.block, half_even=e.half_even)
-        return super().matmul(x, w, **kwargs)
+        return matmul(x, w, *args, **kwargs)
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: Any, positions: np.ndarray,
-                  **kwargs: Any) -> np.ndarray:
-        if self.emulation.kv_f16:  # what the cache would hold: the new tokens' K/V are read back from it too
-            k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-        return super().attention(q, k, v, cache, positions, **kwargs)
+    def f16_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *args: Any, **kwargs: Any) -> np.ndarray:
+        # what the cache would hold: the new tokens' K/V are read back from it too
+        k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+        return attention(q, k, v, *args, **kwargs)
+
+    if e.q8:
+        backend.matmul = rounded_matmul
+    if e.kv_f16:
+        backend.attention = f16_kv_attention
 
 
 ALL = frozenset(CLASSES)
@@ -123,11 +120,13 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return z
 
 
-def quanta_scorer(backend: CPUBackend, path: Path, n_ctx: int) -> Callable[[np.ndarray], np.ndarray]:
-    """Teacher-forced logits of a window (one forward from position 0) on ``backend``."""
-    model = load_model(gguf.open(path), backend, n_ctx)
-    kv = KVCache(backend, model.kv_shape())
-    return lambda ids: backend.to_host(backend.forward(model, ids, 0, kv.arena, all_logits=True)).copy()
+def quanta_scorer(path: Path, n_ctx: int, threads: int | None, emulation: Emulation | None
+                  ) -> Callable[[np.ndarray], np.ndarray]:
+    """Teacher-forced logits of a window: exact mode with ``emulation``'s roundings, or (None) the fast mode."""
+    llm = LLM(path, device="cpu", n_ctx=n_ctx, threads=threads, exact=emulation is not None)
+    if emulation is not None:
+        emulate(llm.backend, emulation)
+    return llm.logits
 
 
 def llama_cpp_scorer(path: Path, n_ctx: int, threads: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -186,7 +185,7 @@ def main() -> None:
     args = p.parse_args()
 
     path = resolve_model(args.model, progress=False)
-    ids = np.array(load_tokenizer(gguf.open(path)).encode(prose(args.text), add_special=False), np.int32)
+    ids = np.array(load_tokenizer(path).encode(prose(args.text), add_special=False), np.int32)
     n_windows = min(args.tokens, len(ids)) // args.window
     windows = [ids[i * args.window:(i + 1) * args.window] for i in range(n_windows)]
     skip = [s for s in args.skip.split(",") if s]
@@ -196,10 +195,8 @@ def main() -> None:
     scorers: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
     for name in names:
         emulation = VARIANTS[name]
-        if emulation is not None:
-            scorers[name] = quanta_scorer(EmulatedBackend(emulation, threads=args.threads), path, args.window)
-        elif name.startswith("CPU fast"):
-            scorers[name] = quanta_scorer(CPUBackend(threads=args.threads, exact=False), path, args.window)
+        if emulation is not None or name.startswith("CPU fast"):
+            scorers[name] = quanta_scorer(path, args.window, args.threads, emulation)
         else:
             scorers[name] = llama_cpp_scorer(path, args.window, args.threads or 2)
 

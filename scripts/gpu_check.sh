@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the GPU checks and benchmarks on the H200 (see scripts/gpu_check.py); logs and JSON go to $OUT.
+# The GPU check harness on a CUDA machine (scripts/gpu_check.py; its arguments pass through); files go to $OUT.
 # Optional: the real SmolLM2 file sent in two halves (gpu_parts/smol.00.part, smol.01.part) is reassembled and compared.
 set -u
 cd "$(dirname "$0")/.."
@@ -9,8 +9,8 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1 OUT="${OUT:-gpu_out}"
 [ -d gpu_parts/pylib ] && export PYTHONPATH=src:gpu_parts/pylib
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$OUT/gpu_check.log"
-real=""
+real=()
 if [ -f gpu_parts/smol.00.part ] && [ -f gpu_parts/smol.01.part ]; then
-  cat gpu_parts/smol.00.part gpu_parts/smol.01.part > /tmp/smollm2.gguf && real=/tmp/smollm2.gguf
+  cat gpu_parts/smol.00.part gpu_parts/smol.01.part > /tmp/smollm2.gguf && real=(--real /tmp/smollm2.gguf)
 fi
-python3 scripts/gpu_check.py --real "$real" "$@"
+python3 scripts/gpu_check.py --out "$OUT" "${real[@]}" "$@"
