@@ -1,4 +1,8 @@
-"""The Python API: ``quanta.LLM`` loads a GGUF model once and generates, streams, chats and scores text."""
+"""The Python API: ``quanta.LLM`` loads a GGUF model once and generates, streams, chats and scores text.
+
+Every call goes through one batched engine (quanta.engine): ``generate`` with a list of prompts runs them as one
+batch, and streams consumed side by side (or from several threads) are decoded together.
+"""
 
 from __future__ import annotations
 
@@ -10,47 +14,59 @@ from typing import Any
 
 import numpy as np
 
-from quanta.engine import GenerationResult, KVCache, SamplingParams, StopConditions, generate_tokens
-from quanta.errors import ContextOverflowError
+from quanta.engine import EngineConfig, GenerationResult, SamplingParams, StopConditions
+from quanta.engine.generate import drain
+from quanta.errors import QuantaError
 
-DEFAULT_N_CTX = 4096
-LOGITS_CHUNK = 512  # teacher-forced scoring runs this many tokens per forward
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                 "frequency_penalty", "seed", "logit_bias", "logprobs")
+STOP_KEYS = ("max_tokens", "stop", "ignore_eos")
 
 
 class LLM:
     """A model ready to generate: ``LLM("smollm2-135m")`` or ``LLM("path/to/model.gguf", device="cpu")``.
 
     ``device``: "auto" (the default: the GPU where an NVIDIA GPU, torch with CUDA and triton are present, else the
-    CPU), "cpu", "cuda" or "cuda:N"; ``n_ctx``: context length (default: the model's, at most 4096); ``threads``:
-    CPU threads (default: all available cores); ``exact``: fp32 activations everywhere (the reference mode) instead
-    of the fast 8-bit activation path.
+    CPU), "cpu", "cuda" or "cuda:N"; ``n_ctx``: the longest sequence (default: the model's, at most 4096);
+    ``threads``: CPU threads (default: all available cores); ``exact``: fp32 activations everywhere (the reference
+    mode) instead of the fast 8-bit activation path. The engine's settings (``max_seqs``, ``max_batched_tokens``,
+    ``block_size``, ``kv_blocks``, ``kv_memory``, ``kv_memory_fraction``, ``prefix_caching``) are
+    :class:`quanta.engine.EngineConfig`'s.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, device: str = "auto", n_ctx: int | None = None,
-                 threads: int | None = None, exact: bool = False, progress: bool = False):
+                 threads: int | None = None, exact: bool = False, progress: bool = False, **engine: Any):
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            raise ValueError(f"model must be a path or a model name, got {type(model).__name__}")
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2):
             raise ValueError(f"n_ctx must be an integer >= 2, got {n_ctx!r}")
+        try:
+            config = EngineConfig(**engine)
+        except TypeError:
+            unknown = ", ".join(sorted(set(engine) - set(EngineConfig.__dataclass_fields__)))
+            raise ValueError(f"unknown LLM option(s): {unknown}") from None
+        self._closed = False
         with _collector_paused():
-            self._load(model, device, n_ctx, threads, exact, progress)
+            self._load(model, device, n_ctx, threads, exact, progress, config)
 
     def _load(self, model: str | os.PathLike | None, device: str, n_ctx: int | None, threads: int | None,
-              exact: bool, progress: bool) -> None:
+              exact: bool, progress: bool, config: EngineConfig) -> None:
         from quanta import gguf
         from quanta.backends import get_backend
+        from quanta.engine import LLMEngine, RequestStreams
         from quanta.hub import resolve_model
         from quanta.models import load_model, model_class
         from quanta.tokenizer import load_tokenizer
 
         self.path = resolve_model(model, progress=progress)
         self.gguf = gguf.open(self.path)
-        model_class(str(self.gguf.metadata.get("general.architecture", "<missing>")))  # unsupported: fail early
+        model_class(str(self.gguf.architecture or "<missing>"))  # unsupported: fail before anything heavy
         self.backend = get_backend(device, threads=threads, exact=exact)
         self.tokenizer = load_tokenizer(self.gguf)
-        arch = self.gguf.metadata["general.architecture"]
-        n_ctx_train = int(self.gguf.metadata.get(f"{arch}.context_length", DEFAULT_N_CTX))
-        self.n_ctx = n_ctx or min(n_ctx_train, DEFAULT_N_CTX)
-        self.model = load_model(self.gguf, self.backend, self.n_ctx)
-        self.kv = KVCache(self.backend, self.model.kv_shape())
+        self.model = load_model(self.gguf, self.backend, n_ctx)
+        self.n_ctx = self.model.n_ctx
+        self.engine = LLMEngine(self.model, self.backend, self.tokenizer, config, self.n_ctx)
+        self._streams = RequestStreams(self.engine)
 
     @property
     def config(self) -> Any:
@@ -58,43 +74,59 @@ class LLM:
 
     # ---- text <-> ids ----------------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        self._check_open()
         if not isinstance(text, str):
             raise ValueError(f"text must be a string, got {type(text).__name__}")
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        self._check_open()
         return self.tokenizer.decode(self._ids(ids), skip_special=skip_special)
 
     # ---- generation ------------------------------------------------------------------------------------------
-    def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> GenerationResult:
-        """Complete ``prompt`` (raw text, no chat template, or token ids). Keyword arguments: max_tokens (256),
-        temperature (0.8; 0 = greedy), top_k (40), top_p (0.95), min_p (0.05), repeat_penalty (1.0),
-        presence_penalty, frequency_penalty, seed, stop (str or list), ignore_eos."""
-        return _drain(self._run(self._prompt_ids(prompt), **kwargs))
+    def generate(self, prompt: str | Sequence[int] | list[str | Sequence[int]],
+                 **kwargs: Any) -> GenerationResult | list[GenerationResult]:
+        """Complete ``prompt`` (raw text, no chat template, or token ids); a list of prompts runs as one batch and
+        returns a list of results in the same order. Keyword arguments: max_tokens (256), temperature (0.8; 0 =
+        greedy), top_k (40), top_p (0.95), min_p (0.05), repeat_penalty (1.0), presence_penalty,
+        frequency_penalty, seed, stop (str or list), ignore_eos, logit_bias ({token id: bias}), logprobs (None,
+        or how many alternatives to report per token)."""
+        if _is_batch(prompt):
+            if not prompt:
+                raise ValueError("the list of prompts is empty")
+            params, stop = _settings(kwargs)
+            rids = [self._submit(self._prompt_ids(p), params, stop) for p in prompt]
+            return self._streams.run(rids)
+        return drain(self._start(self._prompt_ids(prompt), kwargs))
 
     def stream(self, prompt: str | Sequence[int], **kwargs: Any) -> Iterator[str]:
         """Like ``generate`` but yields text pieces as they are decoded; ``last_result`` holds the result."""
-        return self._stream(self._prompt_ids(prompt), kwargs)
+        return self._pieces(self._start(self._prompt_ids(prompt), kwargs))
 
     def chat(self, messages: list[dict[str, Any]], *, stream: bool = False,
              **kwargs: Any) -> GenerationResult | Iterator[str]:
         """Reply to ``messages`` ([{"role": ..., "content": ...}]) through the model's chat template."""
-        ids = self.chat_prompt(messages)
-        return self._stream(ids, kwargs) if stream else _drain(self._run(ids, **kwargs))
+        gen = self._start(self.chat_prompt(messages), kwargs)
+        return self._pieces(gen) if stream else drain(gen)
 
     def stream_chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> Iterator[str]:
-        return self._stream(self.chat_prompt(messages), kwargs)
+        return self._pieces(self._start(self.chat_prompt(messages), kwargs))
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """The token ids of ``messages`` rendered by the chat template, ready for the assistant's turn."""
+        self._check_open()
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
         return self.tokenizer.encode_chat(messages, add_generation_prompt=True)
 
-    def _stream(self, ids: list[int], kwargs: dict[str, Any]) -> Iterator[str]:
+    def _start(self, ids: list[int], kwargs: dict[str, Any]) -> Any:
+        """The request's text generator; the request is queued (and validated) before the first piece is asked
+        for."""
         self.last_result = None
-        gen = self._run(ids, **kwargs)  # validates before the first piece is asked for
-        return self._pieces(gen)
+        return self._streams.text(self._submit(ids, *_settings(kwargs)))
+
+    def _submit(self, ids: list[int], params: SamplingParams, stop: StopConditions) -> int:
+        return self._streams.submit(ids, params, stop)
 
     def _pieces(self, gen: Any) -> Iterator[str]:
         try:
@@ -102,21 +134,8 @@ class LLM:
                 yield next(gen)
         except StopIteration as done:
             self.last_result = done.value
-
-    def _run(self, ids: list[int], *, max_tokens: int = 256, temperature: float = 0.8, top_k: int = 40,
-             top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, presence_penalty: float = 0.0,
-             frequency_penalty: float = 0.0, seed: int | None = None, stop: str | Sequence[str] | None = None,
-             ignore_eos: bool = False) -> Any:
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-                                frequency_penalty=frequency_penalty, seed=seed)
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        conditions = StopConditions(max_tokens=max_tokens, stop=stops, ignore_eos=bool(ignore_eos))
-        if len(ids) >= self.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx} (prompt + at least one "
-                f"generated token); shorten the prompt or raise n_ctx")
-        return generate_tokens(self.backend, self.model, self.kv, self.tokenizer, ids, params, conditions)
+        finally:
+            gen.close()
 
     # ---- scoring ---------------------------------------------------------------------------------------------
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -124,16 +143,8 @@ class LLM:
         ids = self._ids(token_ids)
         if not ids:
             raise ValueError("token_ids is empty")
-        if len(ids) > self.n_ctx:
-            raise ContextOverflowError(f"{len(ids)} tokens do not fit in the context of {self.n_ctx}; raise n_ctx")
-        self.kv.reset()
-        out = np.empty((len(ids), self.model.n_vocab), np.float32)
-        for start in range(0, len(ids), LOGITS_CHUNK):
-            chunk = np.asarray(ids[start:start + LOGITS_CHUNK], np.int32)
-            rows = self.backend.forward(self.model, chunk, start, self.kv.arena, all_logits=True)
-            out[start:start + len(chunk)] = self.backend.to_host(rows)
-        self.kv.tokens = list(ids)
-        return out
+        with self._streams.lock:
+            return self.engine.score(ids)
 
     def perplexity(self, text: str | Sequence[int]) -> float:
         """exp(mean negative log-likelihood) of the text's tokens, each predicted from those before it."""
@@ -153,15 +164,23 @@ class LLM:
         return self._ids(prompt)
 
     def _ids(self, ids: Sequence[int]) -> list[int]:
+        self._check_open()
         if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray)):
             raise ValueError(f"expected a string or a list of token ids, got {type(ids).__name__}")
+        if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
+            raise ValueError("token ids must be integers")
         out = [int(i) for i in ids]
         bad = [i for i in out if not 0 <= i < self.model.n_vocab]
-        if bad or any(isinstance(i, bool) for i in ids):
+        if bad:
             raise ValueError(f"token ids must be integers in [0, {self.model.n_vocab}), got {bad[:5]}")
         return out
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QuantaError("this LLM is closed (after close() or its `with` block); load the model again")
+
     def close(self) -> None:
+        self._closed = True
         self.gguf.close()
 
     def __enter__(self) -> LLM:
@@ -174,7 +193,24 @@ class LLM:
         return f"LLM({self.path.name!r}, arch={self.config.arch}, device={self.backend.name}, n_ctx={self.n_ctx})"
 
 
-_heap_frozen = False
+def _is_batch(prompt: Any) -> bool:
+    """A list of prompts (strings or token-id lists), as opposed to one prompt of token ids."""
+    return isinstance(prompt, (list, tuple)) and (not prompt or isinstance(prompt[0], (str, list, tuple,
+                                                                                       np.ndarray)))
+
+
+def _settings(kwargs: dict[str, Any]) -> tuple[SamplingParams, StopConditions]:
+    unknown = set(kwargs) - set(SAMPLING_KEYS) - set(STOP_KEYS)
+    if unknown:
+        raise ValueError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
+    stop = kwargs.get("stop")
+    stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, (list, tuple)) else stop
+    if stops is not None and not isinstance(stops, tuple):
+        raise ValueError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+    params = SamplingParams(**{k: kwargs[k] for k in SAMPLING_KEYS if k in kwargs})
+    conditions = StopConditions(max_tokens=kwargs.get("max_tokens", 256), stop=stops or (),
+                                ignore_eos=bool(kwargs.get("ignore_eos", False)))
+    return params, conditions
 
 
 @contextmanager
@@ -186,7 +222,6 @@ def _collector_paused() -> Iterator[None]:
     start. ``gc.freeze`` (as vLLM does after its warm-up) then moves everything alive to the permanent
     generation, which later collections skip; a reference cycle among those objects that dies later is not
     reclaimed (reference counting still frees everything else)."""
-    global _heap_frozen
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -194,17 +229,8 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-    if not _heap_frozen:
-        _heap_frozen = True
+    if gc.get_freeze_count() == 0:
         gc.freeze()
-
-
-def _drain(gen: Any) -> GenerationResult:
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            return done.value
 
 
 __all__ = ["LLM"]

@@ -6,25 +6,23 @@ use rows = tokens: a batch of ``n`` tokens of width ``d`` is ``(n, d)``; per-hea
 Ops that take ``out=`` write into it and return it (``out=None``: the op allocates). Ops documented as
 "in place" modify their first argument and return it.
 
-Positions are a backend int32 array of the absolute positions of the ``n`` tokens of a forward (not a Python
-int), so a backend can keep them in device memory and replay a captured decode step with a new position.
-
-A backend may override :meth:`Backend.forward` as a whole (fuse ops, capture the decode step as a CUDA graph,
-compute logits only for the last position); the default runs ``model.forward`` op by op.
+A forward runs the tokens of one or more sequences at once (a batch): :class:`AttentionMetadata` says where each
+token sits (its position, the KV-pool slot its K/V go to, its sequence's block table). The KV cache is a pool of
+fixed-size blocks shared by all sequences (paged attention); the engine's block manager hands blocks out. Every
+op except attention treats rows independently, so a token's values do not depend on what else is in its batch.
+The loop that drives the model (batches, graphs, sampling) is the engine's model runner, not a backend's.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from quanta.gguf import TensorInfo
-    from quanta.models.base import Model
+from quanta.gguf import TensorInfo
 
 Array = Any  # numpy.ndarray on the CPU, torch.Tensor on CUDA
 Weight = Any  # a backend's prepared quantized weight (GGUF blocks, possibly repacked)
@@ -32,26 +30,60 @@ Weight = Any  # a backend's prepared quantized weight (GGUF blocks, possibly rep
 
 @dataclass(frozen=True)
 class KVShape:
-    """What the KV-cache arena must hold: one K and one V of ``(n_kv_heads, n_ctx, head_dim)`` per layer."""
+    """What the KV pool must hold: per layer one K and one V of ``(n_kv_heads, n_blocks * block_size, head_dim)``.
+
+    Block ``b`` holds slots ``b*block_size .. (b+1)*block_size - 1``; a sequence's position ``p`` sits at slot
+    ``block_table[p // block_size] * block_size + p % block_size``."""
 
     n_layers: int
     n_kv_heads: int
     head_dim: int
-    n_ctx: int
+    n_blocks: int
+    block_size: int
+
+    @property
+    def n_slots(self) -> int:
+        return self.n_blocks * self.block_size
 
     def nbytes(self, itemsize: int) -> int:
-        """The arena's size with ``itemsize`` bytes per cached value."""
-        return 2 * self.n_layers * self.n_kv_heads * self.n_ctx * self.head_dim * itemsize
+        """The pool's size with ``itemsize`` bytes per cached value."""
+        return 2 * self.n_layers * self.n_kv_heads * self.n_slots * self.head_dim * itemsize
+
+    def bytes_per_block(self, itemsize: int) -> int:
+        return 2 * self.n_layers * self.n_kv_heads * self.block_size * self.head_dim * itemsize
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where the ``n`` tokens of a forward sit, for ``s`` sequences (backend int32 arrays, built by the model runner).
+
+    Tokens are grouped by sequence, in position order: sequence ``j`` owns tokens ``query_starts[j] ..
+    query_starts[j+1] - 1``. Token ``i`` is at ``positions[i]`` of its sequence ``token_seq[i]``, writes its K/V to
+    pool slot ``slots[i]`` and attends to its sequence's positions ``<= positions[i]`` (through the sequence's row of
+    ``block_tables``; entries past its blocks are undefined). ``seq_lens[j]`` is sequence j's length once this
+    forward has run (its last token's position + 1). Rows of a padded batch (CUDA graphs) may repeat a harmless
+    dummy sequence. The host ints size kernel launches: ``max_query_len`` (1 for a decode-only batch)."""
+
+    positions: Array  # (n,)
+    slots: Array  # (n,)
+    token_seq: Array  # (n,)
+    block_tables: Array  # (s, max_blocks)
+    seq_lens: Array  # (s,)
+    query_starts: Array  # (s + 1,)
+    n_seqs: int
+    max_query_len: int
+    block_size: int
 
 
 class Backend(ABC):
-    """A device: owns the arrays, the prepared weights, the KV-cache arena and the ops on them."""
+    """A device: owns the arrays, the prepared weights, the KV pool and the ops on them."""
 
     name: str = "base"
     kv_itemsize: int = 4  # bytes per cached K or V value
+    graphs: bool = False  # whether :meth:`capture` records replayable graphs
 
     def free_memory(self) -> int | None:
-        """Bytes this device can still allocate, or None where unknown (then any n_ctx is tried)."""
+        """Bytes this device can still allocate, or None where unknown."""
         return None
 
     # ---- loading ---------------------------------------------------------------------------------------------
@@ -73,6 +105,13 @@ class Backend(ABC):
     def to_host(self, a: Array) -> np.ndarray:
         """A numpy copy (or view on the CPU) of a backend array."""
 
+    def metadata(self, host: AttentionMetadata) -> AttentionMetadata:
+        """``host`` (numpy arrays) as backend arrays."""
+        arrays = {f: self.from_host(np.ascontiguousarray(getattr(host, f), np.int32))
+                  for f in ("positions", "slots", "token_seq", "block_tables", "seq_lens", "query_starts")}
+        return AttentionMetadata(**arrays, n_seqs=host.n_seqs, max_query_len=host.max_query_len,
+                                 block_size=host.block_size)
+
     @abstractmethod
     def rope_table(self, inv_freq: np.ndarray, n_ctx: int) -> Any:
         """Precomputed cos/sin for positions 0..n_ctx-1 and the ``len(inv_freq)`` rotary frequencies
@@ -80,7 +119,7 @@ class Backend(ABC):
 
     @abstractmethod
     def kv_cache(self, shape: KVShape) -> Any:
-        """The KV-cache arena, allocated once for ``shape.n_ctx`` positions; :meth:`attention` writes into it.
+        """The KV pool, allocated once; :meth:`attention` writes into it.
 
         The returned object must support ``len(cache) == n_layers`` and ``cache[layer]`` (passed to attention)."""
 
@@ -91,11 +130,13 @@ class Backend(ABC):
         The forward takes its intermediates from here, so the decode path allocates nothing once warm; a
         buffer is valid until the next call with the same name."""
 
-    # ---- ops -------------------------------------------------------------------------------------------------
-    @abstractmethod
-    def positions(self, start: int, n: int) -> Array:
-        """The int32 positions ``start .. start+n-1`` as a backend array."""
+    def capture(self, forward: Callable[[], Array]) -> Callable[[], Array] | None:
+        """``forward`` (which reads only inputs the caller rewrites in place between calls) recorded once as a
+        replayable graph: the returned function replays it and returns the same output array. None where this
+        backend records no graphs (the caller then runs ``forward`` itself)."""
+        return None
 
+    # ---- ops -------------------------------------------------------------------------------------------------
     @abstractmethod
     def matmul(self, x: Array, w: Weight, *, out: Array | None = None, residual: Array | None = None,
                bias: Array | None = None) -> Array:
@@ -130,17 +171,17 @@ class Backend(ABC):
         """Rotate (n, heads, hd) in place. ``neox=False`` (NORM, llama): pairs (2i, 2i+1); ``neox=True``
         (qwen2, gemma): pairs (i, i + rot/2). Only the first ``rot = 2 * len(inv_freq)`` dims rotate."""
 
-    def rope_qk(self, q: Array, k: Array, positions: Array, table: Any, *, neox: bool, v: Array | None = None,
-                cache: Any = None) -> bool:
+    def rope_qk(self, q: Array, k: Array, meta: AttentionMetadata, table: Any, *, neox: bool,
+                v: Array | None = None, cache: Any = None) -> bool:
         """:meth:`rope` of the queries and the keys (one pass on a device). With ``v`` and ``cache``, a backend
-        may also store the rotated k and v at ``positions`` of ``cache``: it returns True when it did (then
+        may also store the rotated k and v at ``meta.slots`` of ``cache``: it returns True when it did (then
         :meth:`attention` gets ``k = v = None``). The default rotates only and returns False."""
-        self.rope(q, positions, table, neox=neox)
-        self.rope(k, positions, table, neox=neox)
+        self.rope(q, meta.positions, table, neox=neox)
+        self.rope(k, meta.positions, table, neox=neox)
         return False
 
-    def qkv_rope(self, x: Array, groups: list[Any], outs: dict[str, Array], positions: Array, table: Any, *,
-                 neox: bool, cache: Any) -> bool:
+    def qkv_rope(self, x: Array, groups: list[Any], outs: dict[str, Array], meta: AttentionMetadata, table: Any,
+                 *, neox: bool, cache: Any) -> bool:
         """Optional decode fusion: the Q/K/V projections of ``groups`` (the model's ``Projection`` list) with the
         rope of :meth:`rope_qk` and the K/V store done by the matmuls themselves; ``outs["attn_q"]`` gets the
         rotated queries, the cache the keys and values. True when done; the default returns False and the caller
@@ -148,15 +189,15 @@ class Backend(ABC):
         return False
 
     @abstractmethod
-    def attention(self, q: Array, k: Array | None, v: Array | None, cache: Any, positions: Array, *, scale: float,
-                  window: int = 0, softcap: float = 0.0, out: Array | None = None) -> Array:
-        """Causal multi-head attention with the KV cache; returns (n, n_heads * hd).
+    def attention(self, q: Array, k: Array | None, v: Array | None, cache: Any, meta: AttentionMetadata, *,
+                  scale: float, window: int = 0, softcap: float = 0.0, out: Array | None = None) -> Array:
+        """Causal multi-head attention over the paged KV cache; returns (n, n_heads * hd).
 
         q: (n, n_heads, hd); k, v: (n, n_kv_heads, hd) for the new tokens, first written to ``cache`` at
-        ``positions`` (None: :meth:`rope_qk` already stored them). Query i attends to cached positions p with
-        ``p <= positions[i]`` and, when ``window > 0``, ``p > positions[i] - window``. GQA: query head h reads kv
-        head ``h // (n_heads // n_kv_heads)``. Scores are ``q·k * scale``, then ``softcap * tanh(s / softcap)``
-        when ``softcap > 0``, then softmax."""
+        ``meta.slots`` (None: :meth:`rope_qk` already stored them). Token i attends to the positions p of its
+        sequence with ``p <= positions[i]`` and, when ``window > 0``, ``p > positions[i] - window``. GQA: query head
+        h reads kv head ``h // (n_heads // n_kv_heads)``. Scores are ``q·k * scale``, then
+        ``softcap * tanh(s / softcap)`` when ``softcap > 0``, then softmax."""
 
     @abstractmethod
     def silu_mul(self, gate: Array, up: Array, *, out: Array | None = None) -> Array:
@@ -179,37 +220,13 @@ class Backend(ABC):
         """``x = cap * tanh(x / cap)`` in place (final-logit soft-capping)."""
 
     @abstractmethod
-    def softmax(self, x: Array) -> Array:
-        """Softmax over the last axis (new array)."""
+    def gather_rows(self, x: Array, rows: Array) -> Array:
+        """Rows ``rows`` (int32 indices) of (n, d) as a new (len(rows), d) array (the rows that need logits)."""
 
     @abstractmethod
-    def argmax(self, x: Array) -> int:
-        """Index of the largest element of a 1-D array (the greedy token)."""
-
-    def greedy_decode(self, model: Model, cache: Any, token: int, start: int, steps: int) -> Iterator[int]:
-        """The greedy tokens of ``steps`` decode steps from ``token`` at position ``start`` (each step writes its
-        input's K/V). A device backend may run a step ahead of the consumer: after it stops, the step after its last
-        token may still write that token's K/V."""
-        for i in range(steps):
-            token = self.argmax(self.forward(model, np.asarray([token], np.int32), start + i, cache,
-                                             all_logits=False)[0])
-            yield token
-
-    @abstractmethod
-    def last_row(self, x: Array) -> Array:
-        """The last row of (n, d) as a (1, d) array (for logits of the last position only)."""
-
-    def set_threads(self, n: int) -> None:
-        """Number of CPU threads for the ops (ignored by device backends)."""
+    def argmax_rows(self, logits: Array) -> Array:
+        """The greedy token of each row of (n, vocab) as int32 (n,); -1 for a row whose largest value is not
+        finite (NaN or inf logits: a broken model)."""
 
     def synchronize(self) -> None:
         """Wait for queued work (for timing); a no-op on the CPU."""
-
-    # ---- the forward -----------------------------------------------------------------------------------------
-    def forward(self, model: Model, token_ids: np.ndarray, start: int, cache: Any, *,
-                all_logits: bool) -> Array:
-        """Logits for ``token_ids`` at positions ``start..``: (n, vocab) when ``all_logits`` else (1, vocab).
-
-        Overridable: a backend may fuse ops or capture the decode step (n == 1) as a graph."""
-        ids = self.from_host(np.ascontiguousarray(token_ids, dtype=np.int32))
-        return model.forward(ids, self.positions(start, len(token_ids)), cache, all_logits=all_logits)

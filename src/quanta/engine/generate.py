@@ -1,156 +1,97 @@
-"""The generation loop: prefill the prompt in one forward, then decode one token per forward until a stop.
+"""Drives an engine for callers in one process: the Python API's generate, stream and batch calls.
 
-``generate_tokens`` is a generator of text pieces (for streaming) whose return value is the
-:class:`GenerationResult`; the API and the CLI wrap it.
+Each request's outputs wait in its own queue until its caller reads them, so several streams can be consumed in
+any order and from several threads (one thread steps the engine at a time; the others read what it routed to
+them). Closing a stream early aborts its request.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
+import threading
+from collections import deque
+from collections.abc import Generator, Iterator, Sequence as Seq
 from typing import Any
 
-import numpy as np
-
-from quanta.backends.base import Backend
-from quanta.engine.kv_cache import KVCache
-from quanta.engine.sampler import Sampler, SamplingParams
-from quanta.engine.stop import StopMatcher
-from quanta.errors import ContextOverflowError
-from quanta.models.base import Model
+from quanta.engine.llm_engine import LLMEngine
+from quanta.engine.outputs import GenerationResult, RequestOutput
+from quanta.engine.sampler import SamplingParams
+from quanta.engine.stop import StopConditions
+from quanta.errors import QuantaError
 
 
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens whose K/V were reused from the previous request
-    completion_tokens: int = 0
-    ttft_s: float = 0.0  # request start → first generated token
-    prefill_s: float = 0.0
-    decode_s: float = 0.0  # first token → last token
+class RequestStreams:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._queues: dict[int, deque[RequestOutput]] = {}
+        self.lock = threading.RLock()
 
-    @property
-    def prefill_tok_s(self) -> float:
-        n = self.prompt_tokens - self.cached_tokens
-        return n / self.prefill_s if self.prefill_s > 0 else 0.0
+    def submit(self, prompt: Seq[int], params: SamplingParams, stop: StopConditions, constraint: Any = None) -> int:
+        with self.lock:
+            rid = self.engine.add_request(prompt, params, stop, constraint)
+            self._queues[rid] = deque()
+            return rid
 
-    @property
-    def decode_tok_s(self) -> float:
-        n = self.completion_tokens - 1
-        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-                "completion_tokens": self.completion_tokens, "ttft_s": self.ttft_s, "prefill_s": self.prefill_s,
-                "prefill_tok_s": self.prefill_tok_s, "decode_s": self.decode_s, "decode_tok_s": self.decode_tok_s}
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]  # generated ids, without the end-of-generation token
-    finish_reason: str  # "stop" (end-of-generation token or stop string) or "length"
-    stats: GenerationStats = field(default_factory=GenerationStats)
-
-
-@dataclass(frozen=True)
-class StopConditions:
-    max_tokens: int = 256
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
-            raise ValueError(f"max_tokens must be a non-negative integer, got {self.max_tokens!r}")
-        if not all(isinstance(s, str) for s in self.stop):
-            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
-
-
-def prefill(backend: Backend, model: Model, kv: KVCache, prompt: Sequence[int]) -> tuple[Any, int]:
-    """Run the uncached part of ``prompt`` in one forward; returns the last position's logits (1, vocab) and
-    the number of prompt tokens reused from the cache."""
-    if len(prompt) == 0:
-        raise ValueError("the prompt is empty (no tokens)")
-    if len(prompt) >= kv.n_ctx:
-        raise ContextOverflowError(
-            f"the prompt has {len(prompt)} tokens but the context holds {kv.n_ctx} (prompt + at least one "
-            f"generated token); shorten the prompt or raise n_ctx")
-    start = kv.reuse(prompt)
-    logits = backend.forward(model, np.asarray(prompt[start:], np.int32), start, kv.arena, all_logits=False)
-    kv.append(prompt[start:])
-    return logits, start
-
-
-def _next_tokens(backend: Backend, model: Model, kv: KVCache, logits: Any, start: int, steps: int, sampler: Sampler,
-                 context: list[int]) -> Generator[int, None, None]:
-    """The token from the prompt's ``logits``, then one per decode step from position ``start`` (at most
-    ``steps``), recording in ``kv`` each token whose K/V a step wrote. Greedy decoding without penalties stays on
-    the device (``Backend.greedy_decode``); sampling reads each step's logits (``context``: the tokens so far, which
-    the consumer extends)."""
-    params = sampler.params
-    if params.greedy and not params.has_penalties:
-        token = backend.argmax(logits[0])
-        yield token
-        steps_out = backend.greedy_decode(model, kv.arena, token, start, steps)
+    def outputs(self, rid: int) -> Iterator[RequestOutput]:
+        """``rid``'s outputs as the engine produces them, up to its finished one."""
+        queue = self._queues[rid]
+        done = False
         try:
-            for token_after in steps_out:
-                kv.append([token])
-                token = token_after
-                yield token
+            while not done:
+                with self.lock:
+                    while not queue:
+                        self._step()
+                    out = queue.popleft()
+                done = out.finished
+                yield out
         finally:
-            steps_out.close()
-        return
-    token = sampler.sample(backend.to_host(logits)[0], context)
-    yield token
-    for i in range(steps):
-        logits = backend.forward(model, np.asarray([token], np.int32), start + i, kv.arena, all_logits=False)
-        kv.append([token])
-        token = sampler.sample(backend.to_host(logits)[0], context)
-        yield token
+            with self.lock:
+                if not done:  # the caller stopped reading: its abort output goes nowhere
+                    self.engine.abort(rid)
+                self._queues.pop(rid, None)
+                self.engine.release(rid)
+
+    def text(self, rid: int) -> Generator[str, None, GenerationResult]:
+        """``rid``'s text pieces; returns its result."""
+        pieces: list[str] = []
+        ids: list[int] = []
+        logprobs: list = []
+        for out in self.outputs(rid):
+            ids += out.new_token_ids
+            logprobs += out.logprobs
+            if out.text:
+                pieces.append(out.text)
+                yield out.text
+            if out.finished:
+                if out.finish_reason == "error":
+                    raise QuantaError(out.error)
+                return GenerationResult("".join(pieces), ids, out.finish_reason, out.stats, logprobs)
+        raise AssertionError("unreachable: a request's outputs end with a finished one")
+
+    def run(self, rids: list[int]) -> list[GenerationResult]:
+        """Run the requests together to the end; their results in order."""
+        gens = [self.text(rid) for rid in rids]
+        results = []
+        try:
+            for gen in gens:
+                results.append(drain(gen))
+        finally:
+            for gen in gens[len(results):]:
+                gen.close()
+        return results
+
+    def _step(self) -> None:
+        if not self.engine.has_unfinished():
+            raise AssertionError("a stream waits for outputs of an engine with nothing to do")
+        for out in self.engine.step():
+            queue = self._queues.get(out.request_id)
+            if queue is not None:
+                queue.append(out)
 
 
-def generate_tokens(backend: Backend, model: Model, kv: KVCache, tokenizer: Any, prompt: Sequence[int],
-                    params: SamplingParams, stop: StopConditions) -> Generator[str, None, GenerationResult]:
-    """Yield text pieces as tokens are generated; return the GenerationResult."""
-    t0 = time.perf_counter()
-    stats = GenerationStats(prompt_tokens=len(prompt))
-    sampler = Sampler(params)
-    decoder = tokenizer.stream_decoder(skip_special=True)
-    matcher = StopMatcher(stop.stop)
-    eog = frozenset() if stop.ignore_eos else frozenset(tokenizer.eog_ids)
-    context, generated, pieces = list(prompt), [], []
-    finish = "length"
-    if stop.max_tokens == 0:
-        return GenerationResult("", [], finish, stats)
-    logits, stats.cached_tokens = prefill(backend, model, kv, prompt)
-    backend.synchronize()
-    stats.prefill_s = time.perf_counter() - t0
-    t_first = t_last = None
-    steps = min(stop.max_tokens - 1, kv.n_ctx - len(prompt))  # decode steps after the prompt's token
-    tokens = _next_tokens(backend, model, kv, logits, len(prompt), steps, sampler, context)
-    for token in tokens:
-        t_last = time.perf_counter()
-        if t_first is None:
-            t_first = t_last
-            stats.ttft_s = t_first - t0
-        if token in eog:
-            finish = "stop"
-            break
-        generated.append(token)
-        context.append(token)
-        text = matcher.push(decoder.push(token))
-        if text:
-            pieces.append(text)
-            yield text
-        if matcher.stopped:
-            finish = "stop"
-            break
-    tokens.close()
-    tail = matcher.push(decoder.flush()) + matcher.flush()
-    if tail:
-        pieces.append(tail)
-        yield tail
-    stats.completion_tokens = len(generated)
-    stats.decode_s = t_last - t_first if t_first is not None else 0.0
-    return GenerationResult("".join(pieces), generated, finish, stats)
+def drain(gen: Generator[Any, None, Any]) -> Any:
+    """Run a generator to its end; its return value."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            return done.value

@@ -1,24 +1,40 @@
-"""Choosing the next token from logits: penalties, then greedy or temperature / top-k / top-p / min-p sampling.
+"""Choosing each sequence's next token from its logits row: bias and penalties, then greedy or temperature /
+top-k / top-p / min-p sampling.
 
-Order (as HF's logits processors): repetition, presence and frequency penalties over the last
-``penalty_last_n`` tokens of the context; temperature (0 = greedy argmax); top-k; top-p (the smallest set of
-most likely tokens whose probability reaches p); min-p (drop tokens below min_p x the top probability); then
-one draw from the renormalised distribution with the request's own seeded generator (same seed, same tokens).
+Order (as HF's logits processors): logit bias; repetition, presence and frequency penalties over the last
+``penalty_last_n`` tokens of the context; an output constraint's mask; temperature (0 = greedy argmax); top-k;
+top-p (the smallest set of most likely tokens whose probability reaches p); min-p (drop tokens below min_p x the top
+probability); then one draw from the renormalised distribution with the sequence's own seeded generator (same seed,
+same tokens, whatever else is in the batch). A batch whose rows are all plain greedy takes its argmax on the device
+(one small host read); any other row is sampled on the host from its logits.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from quanta.engine.outputs import TokenLogprob
+
+if TYPE_CHECKING:
+    from quanta.backends.base import Array, Backend
+    from quanta.engine.sequence import Sequence
+
+MAX_LOGPROBS = 20
+MAX_SEED = 2**63
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """A request's sampling settings; the constructor validates them (ValueError with the reason)."""
+    """A request's sampling settings; the constructor validates them (ValueError with the reason).
+
+    ``logit_bias``: token id → value added to its logit; ``logprobs``: None (off), or how many most likely
+    alternatives to report with each generated token's log-probability (0 to 20)."""
 
     temperature: float = 0.8
     top_k: int = 40
@@ -29,27 +45,36 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64
     seed: int | None = None
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         def number(name: str, lo: float, hi: float = math.inf) -> None:
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo <= v <= hi) or math.isnan(v):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or not lo <= v <= hi:
                 raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {v!r}")
 
-        number("temperature", 0.0)
+        number("temperature", 0.0, 1e4)
         number("top_p", 0.0, 1.0)
         number("min_p", 0.0, 1.0)
-        number("repeat_penalty", 0.0)
+        number("repeat_penalty", 0.01, 100.0)
         number("presence_penalty", -2.0, 2.0)
         number("frequency_penalty", -2.0, 2.0)
-        if self.repeat_penalty == 0:
-            raise ValueError("repeat_penalty must be > 0 (1.0 disables it)")
         for name in ("top_k", "penalty_last_n"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        s = self.seed
+        if s is not None and (isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < MAX_SEED):
+            raise ValueError(f"seed must be an integer in [0, 2**63) or None (a random seed), got {s!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    isinstance(k, int) and not isinstance(k, bool) and k >= 0 and isinstance(v, (int, float))
+                    and not isinstance(v, bool) and math.isfinite(v) for k, v in self.logit_bias.items()):
+                raise ValueError("logit_bias must map token ids (non-negative integers) to finite numbers")
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {lp!r}")
 
     @property
     def greedy(self) -> bool:
@@ -59,56 +84,104 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy from the raw logits: nothing to read back but the argmax."""
+        return self.greedy and not self.has_penalties and not self.logit_bias and self.logprobs is None
 
-class Sampler:
-    """Samples one token per call for one request; owns the request's random generator."""
 
-    def __init__(self, params: SamplingParams):
-        self.params = params
-        self.rng = np.random.default_rng(params.seed)
+def apply_penalties(logits: np.ndarray, context: Seq[int], p: SamplingParams) -> None:
+    """Penalise ``logits`` (1-D float32, in place) for the tokens of the last ``penalty_last_n`` of ``context``."""
+    window = context[-p.penalty_last_n:] if p.penalty_last_n else []
+    if not window:
+        return
+    counts = Counter(window)
+    ids = np.fromiter(counts.keys(), dtype=np.int64)
+    ids = ids[ids < logits.size]
+    n = np.array([counts[i] for i in ids], dtype=np.float32)
+    vals = logits[ids]
+    if p.repeat_penalty != 1.0:
+        vals = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
+    logits[ids] = vals - p.presence_penalty - p.frequency_penalty * n
 
-    def apply_penalties(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
-        """Penalised copy of ``logits`` (1-D float32) given the context so far."""
-        p = self.params
-        logits = np.array(logits, dtype=np.float32)
-        window = context[-p.penalty_last_n:] if p.penalty_last_n else []
-        if not window:
-            return logits
-        counts = Counter(window)
-        ids = np.fromiter(counts.keys(), dtype=np.int64)
-        ids = ids[ids < logits.size]
-        n = np.array([counts[i] for i in ids], dtype=np.float32)
-        vals = logits[ids]
-        if p.repeat_penalty != 1.0:
-            vals = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
-        vals = vals - p.presence_penalty - p.frequency_penalty * n
-        logits[ids] = vals
-        return logits
 
-    def candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The surviving token ids and their renormalised probabilities (temperature > 0)."""
-        p = self.params
-        scaled = logits.astype(np.float64) / p.temperature
-        if 0 < p.top_k < scaled.size:
-            ids = np.argpartition(-scaled, p.top_k - 1)[: p.top_k]
-        else:
-            ids = np.arange(scaled.size)
-        ids = ids[np.argsort(-scaled[ids], kind="stable")]
-        probs = np.exp(scaled[ids] - scaled[ids[0]])
-        probs /= probs.sum()
-        if p.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)  # first index where the sum reaches p
-            ids, probs = ids[:keep], probs[:keep]
-        if p.min_p > 0.0:
-            mask = probs >= p.min_p * probs[0]
-            ids, probs = ids[mask], probs[mask]
-        return ids, probs / probs.sum()
+def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The surviving token ids and their renormalised probabilities (temperature > 0)."""
+    scaled = logits.astype(np.float64) / p.temperature
+    finite = np.isfinite(scaled)
+    if not finite.all():  # masked (-inf) tokens never survive
+        pool = np.flatnonzero(finite)
+    else:
+        pool = None
+    values = scaled if pool is None else scaled[pool]
+    if 0 < p.top_k < values.size:
+        ids = np.argpartition(-values, p.top_k - 1)[: p.top_k]
+    else:
+        ids = np.arange(values.size)
+    ids = ids[np.argsort(-values[ids], kind="stable")]
+    probs = np.exp(values[ids] - values[ids[0]])
+    probs /= probs.sum()
+    if pool is not None:
+        ids = pool[ids]
+    if p.top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)  # first index where the sum reaches p
+        ids, probs = ids[:keep], probs[:keep]
+    if p.min_p > 0.0:
+        mask = probs >= p.min_p * probs[0]
+        ids, probs = ids[mask], probs[mask]
+    return ids, probs / probs.sum()
 
-    def sample(self, logits: np.ndarray, context: Sequence[int]) -> int:
-        """The next token id for ``logits`` (1-D) after ``context`` (prompt and generated ids)."""
-        if self.params.has_penalties:
-            logits = self.apply_penalties(logits, context)
-        if self.params.greedy:
-            return int(np.argmax(logits))
-        ids, probs = self.candidates(logits)
-        return int(ids[self.rng.choice(ids.size, p=probs)]) if ids.size > 1 else int(ids[0])
+
+def logprobs_of(raw: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """``token``'s log-probability under the model's own distribution (``raw`` logits), with the ``top`` most
+    likely tokens."""
+    row = raw.astype(np.float64)
+    m = row.max()
+    log_z = m + math.log(np.exp(row - m).sum())
+    best = np.argpartition(-row, top - 1)[:top] if 0 < top < row.size else np.arange(row.size if top else 0)
+    best = best[np.argsort(-row[best], kind="stable")]
+    return TokenLogprob(token, float(row[token] - log_z), tuple((int(i), float(row[i] - log_z)) for i in best))
+
+
+def sample_row(row: np.ndarray, seq: Sequence) -> int:
+    """The next token of ``seq`` from its logits ``row`` (1-D float32, modified in place); -1 when the row is not
+    finite (a broken model)."""
+    p = seq.params
+    if not np.isfinite(row.max()):
+        return -1
+    if p.logit_bias:
+        ids = np.fromiter((i for i in p.logit_bias if i < row.size), np.int64)
+        row[ids] += np.array([p.logit_bias[int(i)] for i in ids], np.float32)
+    if p.has_penalties:
+        apply_penalties(row, seq.token_ids, p)
+    if seq.constraint is not None:
+        seq.constraint.apply(row)
+    if p.greedy:
+        return int(np.argmax(row))
+    ids, probs = candidates(row, p)
+    if ids.size == 0:
+        return -1
+    return int(ids[seq.rng.choice(ids.size, p=probs)]) if ids.size > 1 else int(ids[0])
+
+
+class BatchSampler:
+    """Samples one token for each row of a batch's logits; see the module note."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    def sample(self, logits: Array, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Tokens (and, for sequences that asked, log-probabilities) for ``logits`` row i of ``seqs[i]``; a token of
+        -1 marks a row whose logits are not finite."""
+        if all(s.params.plain_greedy and s.constraint is None for s in seqs):
+            return [int(t) for t in self.backend.to_host(self.backend.argmax_rows(logits))], [None] * len(seqs)
+        rows = self.backend.to_host(logits)
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob | None] = []
+        for row, seq in zip(rows, seqs):
+            raw = row.copy() if seq.params.logprobs is not None else None
+            token = sample_row(np.array(row, np.float32), seq)
+            tokens.append(token)
+            logprobs.append(logprobs_of(raw, token, seq.params.logprobs) if raw is not None and token >= 0 else None)
+        return tokens, logprobs
+

@@ -1,8 +1,23 @@
-"""Stop strings over streamed text: hold back any tail that could still become a stop string."""
+"""When a request stops: its limits, and stop strings over streamed text (holding back any tail that could still
+become a stop string)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StopConditions:
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be a non-negative integer, got {self.max_tokens!r}")
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
 
 
 class StopMatcher:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from quanta.backends.base import Array, Backend, KVShape
+from quanta.backends.base import Array, AttentionMetadata, Backend, KVShape
 from quanta.errors import QuantaError
 from quanta.gguf import GGUFFile, TensorInfo
 from quanta.models.config import ModelConfig
@@ -53,9 +53,9 @@ class Model:
     neox_rope: bool = False  # False: llama's adjacent pairs; True: halves (qwen2, gemma)
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig, backend: Backend, n_ctx: int):
+        """``n_ctx``: the longest sequence (positions) the rotary tables cover."""
         self.config, self.backend, self.n_ctx = config, backend, n_ctx
         self.gguf = gguf
-        self._check_context_fits()
         self.tok_embd = self.matrix("token_embd.weight")
         self.output_norm = self.vector("output_norm.weight")
         # tied embeddings: no output.weight, the embedding matrix doubles as the lm head
@@ -65,15 +65,6 @@ class Model:
         self.layers = [self.fuse_layer(self.load_layer(i)) for i in range(config.n_layers)]
 
     # ---- loading ---------------------------------------------------------------------------------------------
-    def _check_context_fits(self) -> None:
-        """Before anything is allocated: n_ctx's KV cache and rotary table against the device's free memory
-        (a context the machine cannot hold is a clear error, not an allocation failure or the OOM killer)."""
-        free = self.backend.free_memory()
-        need = self.kv_shape().nbytes(self.backend.kv_itemsize) + self.n_ctx * 4 * self.config.rope_dim  # + cos/sin
-        if free is not None and need > free:
-            raise QuantaError(f"n_ctx {self.n_ctx:,} needs {need / 2**30:,.1f} GiB for the KV cache, and the "
-                              f"{self.backend.name} device has {free / 2**30:,.1f} GiB free; lower n_ctx (--n-ctx)")
-
     def tensor(self, name: str) -> TensorInfo:
         try:
             return self.gguf.tensors[name]
@@ -128,11 +119,12 @@ class Model:
             else:
                 ops.matmul(h, g.weight, out=outs[g.names[0]], bias=g.bias)
 
-    def kv_shape(self) -> KVShape:
+    def kv_shape(self, n_blocks: int, block_size: int) -> KVShape:
+        """The KV pool of ``n_blocks`` blocks of ``block_size`` tokens for this model's layers and heads."""
         c = self.config
         if c.value_dim != c.head_dim:
             raise QuantaError("key and value head sizes differ; not supported")
-        return KVShape(c.n_layers, c.n_kv_heads, c.head_dim, self.n_ctx)
+        return KVShape(c.n_layers, c.n_kv_heads, c.head_dim, n_blocks, block_size)
 
     # ---- shared pieces of the forward ------------------------------------------------------------------------
     def qkv(self, h: Array, layer: SimpleNamespace) -> tuple[Array, Array, Array]:
@@ -141,14 +133,14 @@ class Model:
         self.project(h, layer.qkv, outs)
         return self._heads(outs)
 
-    def qkv_rope(self, h: Array, layer: SimpleNamespace, layer_cache: Any, positions: Array,
+    def qkv_rope(self, h: Array, layer: SimpleNamespace, layer_cache: Any, meta: AttentionMetadata,
                  rope: Any) -> tuple[Array, Array | None, Array | None]:
         """:meth:`qkv` then :meth:`rope_store`; one pass where the backend fuses them (``Backend.qkv_rope``)."""
         outs = self._qkv_buffers(h.shape[0])
-        if self.backend.qkv_rope(h, layer.qkv, outs, positions, rope, neox=self.neox_rope, cache=layer_cache):
+        if self.backend.qkv_rope(h, layer.qkv, outs, meta, rope, neox=self.neox_rope, cache=layer_cache):
             return self._heads(outs)[0], None, None
         self.project(h, layer.qkv, outs)
-        return self.rope_store(*self._heads(outs), layer_cache, positions, rope)
+        return self.rope_store(*self._heads(outs), layer_cache, meta, rope)
 
     def _qkv_buffers(self, n: int) -> dict[str, Array]:
         ops, c = self.backend, self.config
@@ -161,19 +153,19 @@ class Model:
         return (outs["attn_q"].reshape(n, c.n_heads, c.head_dim), outs["attn_k"].reshape(n, c.n_kv_heads, c.head_dim),
                 outs["attn_v"].reshape(n, c.n_kv_heads, c.head_dim))
 
-    def rope_store(self, q: Array, k: Array, v: Array, layer_cache: Any, positions: Array,
+    def rope_store(self, q: Array, k: Array, v: Array, layer_cache: Any, meta: AttentionMetadata,
                    rope: Any) -> tuple[Array, Array | None, Array | None]:
         """Rope of q and k; k and v come back None when the backend also stored them in the cache."""
-        if self.backend.rope_qk(q, k, positions, rope, neox=self.neox_rope, v=v, cache=layer_cache):
+        if self.backend.rope_qk(q, k, meta, rope, neox=self.neox_rope, v=v, cache=layer_cache):
             return q, None, None
         return q, k, v
 
-    def attend(self, q: Array, k: Array | None, v: Array | None, layer_cache: Any, positions: Array,
+    def attend(self, q: Array, k: Array | None, v: Array | None, layer_cache: Any, meta: AttentionMetadata,
                layer: SimpleNamespace, *, window: int = 0, residual: Array | None = None) -> Array:
         """Attention of the rotated q over the cache (k and v first stored unless None), then the output
         projection → (n, d_model), added into ``residual`` (in place) when given."""
         ops, c, n = self.backend, self.config, q.shape[0]
-        o = ops.attention(q, k, v, layer_cache, positions, scale=c.attn_scale, window=window,
+        o = ops.attention(q, k, v, layer_cache, meta, scale=c.attn_scale, window=window,
                           softcap=c.attn_softcap, out=ops.buffer("attn", (n, c.n_heads * c.head_dim)))
         out = residual if residual is not None else ops.buffer("attn_out", (n, c.d_model))
         return ops.matmul(o, layer.attn_output, out=out, residual=residual)
@@ -187,18 +179,19 @@ class Model:
         out = residual if residual is not None else ops.buffer("ffn_out", (n, c.d_model))
         return ops.matmul(act, layer.ffn_down, out=out, residual=residual)
 
-    def logits(self, x: Array, all_logits: bool, residual: Array | None = None) -> Array:
-        """Final norm (of ``x + residual`` when given) and lm head (only the last row unless ``all_logits``)."""
+    def logits(self, x: Array, rows: Array | None, residual: Array | None = None) -> Array:
+        """Final norm (of ``x + residual`` when given) and lm head of the ``rows`` that need logits (all: None)."""
         ops, c = self.backend, self.config
-        if not all_logits:
-            x = ops.last_row(x)
-            residual = ops.last_row(residual) if residual is not None else None
+        if rows is not None:
+            x = ops.gather_rows(x, rows)
+            residual = ops.gather_rows(residual, rows) if residual is not None else None
         h = ops.rms_norm(x, self.output_norm, c.norm_eps, out=ops.buffer("h_out", tuple(x.shape)), residual=residual)
         out = ops.matmul(h, self.output, out=ops.buffer("logits", (x.shape[0], self.n_vocab)))
         if c.final_softcap > 0:
             ops.softcap(out, c.final_softcap)
         return out
 
-    def forward(self, token_ids: Array, positions: Array, cache: Any, *, all_logits: bool) -> Array:
-        """Logits for the tokens at ``positions`` (see Backend.forward)."""
+    def forward(self, token_ids: Array, meta: AttentionMetadata, cache: Any, logit_rows: Array | None) -> Array:
+        """Logits (len(logit_rows), vocab) of a batch of tokens placed by ``meta`` (every row's: ``None``); each
+        token's K/V is written to the cache first."""
         raise NotImplementedError

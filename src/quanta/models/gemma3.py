@@ -12,7 +12,7 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from quanta.backends.base import Array
+from quanta.backends.base import Array, AttentionMetadata
 from quanta.models.base import Model, rope_inv_freq
 
 SWA_PATTERN = 6
@@ -38,7 +38,7 @@ class Gemma3(Model):
             setattr(layer, name, self.vector(f"blk.{i}.{name}.weight"))
         return layer
 
-    def forward(self, token_ids: Array, positions: Array, cache: Any, *, all_logits: bool) -> Array:
+    def forward(self, token_ids: Array, meta: AttentionMetadata, cache: Any, logit_rows: Array | None) -> Array:
         ops, c, n = self.backend, self.config, token_ids.shape[0]
         x = ops.embed(self.tok_embd, token_ids, out=ops.buffer("x", (n, c.d_model)))
         ops.scale(x, math.sqrt(c.d_model))
@@ -50,10 +50,10 @@ class Gemma3(Model):
             q, k, v = self.qkv(h, layer)
             ops.rms_norm(q, layer.attn_q_norm, c.norm_eps, out=q)
             ops.rms_norm(k, layer.attn_k_norm, c.norm_eps, out=k)
-            q, k, v = self.rope_store(q, k, v, cache[i], positions, self.rope_local if sliding else self.rope_global)
-            a = self.attend(q, k, v, cache[i], positions, layer, window=c.sliding_window if sliding else 0)
+            q, k, v = self.rope_store(q, k, v, cache[i], meta, self.rope_local if sliding else self.rope_global)
+            a = self.attend(q, k, v, cache[i], meta, layer, window=c.sliding_window if sliding else 0)
             ops.rms_norm(a, layer.post_attention_norm, c.norm_eps, out=a)
             h = ops.rms_norm(x, layer.ffn_norm, c.norm_eps, out=h_buf, residual=a)
             f = self.ffn(h, layer, gelu=True)
             pending = ops.rms_norm(f, layer.post_ffw_norm, c.norm_eps, out=f)
-        return self.logits(x, all_logits, residual=pending)
+        return self.logits(x, logit_rows, residual=pending)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quanta.backends.base import Array
+from quanta.backends.base import Array, AttentionMetadata
 from quanta.models.base import Model, rope_inv_freq
 
 
@@ -24,14 +24,14 @@ class Llama(Model):
             factors = self.backend.to_host(self.vector("rope_freqs.weight"))
         self.rope = self.backend.rope_table(rope_inv_freq(c.rope_base, c.rope_dim, c.rope_scale, factors), self.n_ctx)
 
-    def forward(self, token_ids: Array, positions: Array, cache: Any, *, all_logits: bool) -> Array:
+    def forward(self, token_ids: Array, meta: AttentionMetadata, cache: Any, logit_rows: Array | None) -> Array:
         ops, c, n = self.backend, self.config, token_ids.shape[0]
         x = ops.embed(self.tok_embd, token_ids, out=ops.buffer("x", (n, c.d_model)))
         h_buf = ops.buffer("h", (n, c.d_model))
         for i, layer in enumerate(self.layers):
             h = ops.rms_norm(x, layer.attn_norm, c.norm_eps, out=h_buf)
-            q, k, v = self.qkv_rope(h, layer, cache[i], positions, self.rope)
-            self.attend(q, k, v, cache[i], positions, layer, residual=x)
+            q, k, v = self.qkv_rope(h, layer, cache[i], meta, self.rope)
+            self.attend(q, k, v, cache[i], meta, layer, residual=x)
             h = ops.rms_norm(x, layer.ffn_norm, c.norm_eps, out=h_buf)
             self.ffn(h, layer, residual=x)
-        return self.logits(x, all_logits)
+        return self.logits(x, logit_rows)

@@ -1,10 +1,13 @@
-"""Causal GQA attention over the KV-cache arena, with sliding window and score soft-capping (numba).
+"""Causal GQA attention over the paged KV pool, with sliding window and score soft-capping (numba and BLAS).
 
-Cache layout per layer: K and V of (n_kv_heads, n_ctx, head_dim) float32, so one head's keys are contiguous.
-The new tokens' K/V are written at their positions first. Decode (few queries): a numba kernel where each
-(query, head) pair computes its scores into a per-thread scratch row (n_ctx floats), a float32 softmax and the
-weighted sum of V. Prefill: the same formula with BLAS over each kv head's score matrix. Both are the textbook
-formula of HF's eager attention; tests compare them with a naive numpy version.
+Pool layout per layer: K and V of (n_kv_heads, n_slots, head_dim) float32; position p of a sequence sits at slot
+``table[p // B] * B + p % B`` (B = block size). The new tokens' K/V are written at their slots first. Few queries
+of a sequence (decode): a numba kernel where each (token, head) pair computes its scores into a per-thread scratch
+row, a float32 softmax and the weighted sum of V, reading keys through the block table. Many (a prefill chunk): the
+same formula with BLAS over each kv head's score matrix, on the sequence's keys gathered once per layer (a view when
+its blocks are consecutive). Both are the textbook formula of HF's eager attention; tests compare them with a
+naive numpy version. Every (token, head) pair is computed on its own, so a token's output does not depend on the
+other sequences of its batch.
 """
 
 from __future__ import annotations
@@ -15,30 +18,38 @@ import numba
 import numpy as np
 
 
-@numba.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract"})  # vectorised dot products
-def attention_kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                     positions: np.ndarray, scale: float, window: int, softcap: float, scratch: np.ndarray,
-                     out: np.ndarray) -> None:
-    n, n_heads, hd = q.shape
-    n_kv = k.shape[1]
+@numba.njit(nogil=True, cache=True)
+def write_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slots: np.ndarray) -> None:
+    """Store the new tokens' K and V (n, n_kv, hd) at their pool slots of the (n_kv, n_slots, hd) caches."""
+    n, n_kv, hd = k.shape
     for i in range(n):
-        p = positions[i]
+        s = slots[i]
         for h in range(n_kv):
             for d in range(hd):
-                k_cache[h, p, d] = k[i, h, d]
-                v_cache[h, p, d] = v[i, h, d]
-    group = n_heads // n_kv
-    for t in numba.prange(n * n_heads):
-        i, h = t // n_heads, t % n_heads
+                k_cache[h, s, d] = k[i, h, d]
+                v_cache[h, s, d] = v[i, h, d]
+
+
+@numba.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract"})  # vectorised dot products
+def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, rows: np.ndarray,
+                     positions: np.ndarray, token_seq: np.ndarray, block_tables: np.ndarray, block_size: int,
+                     scale: float, window: int, softcap: float, scratch: np.ndarray, out: np.ndarray) -> None:
+    """Attention of the tokens ``rows`` of q (n, heads, hd) → their rows of ``out`` (n, heads * hd)."""
+    n_heads, hd = q.shape[1], q.shape[2]
+    group = n_heads // k_cache.shape[0]
+    for t in numba.prange(rows.size * n_heads):
+        i, h = rows[t // n_heads], t % n_heads
         kh = h // group
         p = positions[i]
+        table = block_tables[token_seq[i]]
         lo = max(0, p - window + 1) if window > 0 else 0
         s = scratch[numba.get_thread_id()]
         m = -np.inf
         for j in range(lo, p + 1):
+            slot = table[j // block_size] * block_size + j % block_size
             acc = np.float32(0.0)
             for d in range(hd):
-                acc += q[i, h, d] * k_cache[kh, j, d]
+                acc += q[i, h, d] * k_cache[kh, slot, d]
             acc *= np.float32(scale)
             if softcap > 0:
                 acc = np.float32(softcap * math.tanh(acc / softcap))
@@ -51,31 +62,46 @@ def attention_kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.nd
             total += e
         o = out[i, h * hd:(h + 1) * hd]
         o[:] = 0.0
-        for j in range(p + 1 - lo):
-            w = s[j] / total
+        for j in range(lo, p + 1):
+            slot = table[j // block_size] * block_size + j % block_size
+            w = s[j - lo] / total
             for d in range(hd):
-                o[d] += w * v_cache[kh, lo + j, d]
+                o[d] += w * v_cache[kh, slot, d]
 
 
-def attention_blas(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                   positions: np.ndarray, scale: float, window: int, softcap: float, out: np.ndarray) -> None:
-    """The same attention for many queries (prefill): per kv head, scores = Q·Kᵀ and P·V through BLAS sgemm,
-    with the causal / sliding-window mask applied to the score matrix."""
+def sequence_slots(table: np.ndarray, block_size: int, n_keys: int) -> np.ndarray | slice:
+    """The pool slots of positions 0..n_keys-1 of a sequence: a slice when its blocks are consecutive."""
+    n_blocks = -(-n_keys // block_size)
+    first = int(table[0])
+    if n_blocks == 1 or np.array_equal(table[:n_blocks], np.arange(first, first + n_blocks)):
+        return slice(first * block_size, first * block_size + n_keys)
+    slots = (table[:n_blocks, None].astype(np.int64) * block_size + np.arange(block_size)).reshape(-1)
+    return slots[:n_keys]
+
+
+def attention_blas(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray,
+                   keys: np.ndarray | slice, scale: float, window: int, softcap: float, out: np.ndarray) -> None:
+    """The same attention for many queries of one sequence (a prefill chunk; q, positions and out are that
+    sequence's rows): per kv head, scores = Q·Kᵀ and P·V through BLAS sgemm over its keys (``keys``: the pool slots
+    of positions 0.. of the sequence), with the causal / sliding-window mask applied to the score matrix."""
     n, n_heads, hd = q.shape
-    n_kv = k.shape[1]
-    group = n_heads // n_kv
-    k_cache[:, positions] = k.transpose(1, 0, 2)
-    v_cache[:, positions] = v.transpose(1, 0, 2)
+    group = n_heads // k_cache.shape[0]
     n_keys = int(positions.max()) + 1
-    key_pos = np.arange(n_keys, dtype=np.int32)
+    lo = max(0, int(positions.min()) - window + 1) if window > 0 else 0  # keys no query of the chunk sees
+    if isinstance(keys, slice):
+        keys = slice(keys.start + lo, keys.start + n_keys)
+    else:
+        keys = keys[lo:n_keys]
+    key_pos = np.arange(lo, n_keys, dtype=np.int32)
     allowed = key_pos[None, :] <= positions[:, None]
     if window > 0:
         allowed &= key_pos[None, :] > positions[:, None] - window
     blocked = np.repeat(~allowed, group, axis=0)  # rows: (token, head in group)
     o = out.reshape(n, n_heads, hd)
-    for h in range(n_kv):
+    for h in range(k_cache.shape[0]):
+        kh, vh = k_cache[h, keys], v_cache[h, keys]
         qh = q[:, h * group:(h + 1) * group].reshape(n * group, hd)
-        s = qh @ k_cache[h, :n_keys].T
+        s = qh @ kh.T
         s *= np.float32(scale)
         if softcap > 0:
             np.tanh(s / np.float32(softcap), out=s)
@@ -84,4 +110,4 @@ def attention_blas(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.ndar
         s -= s.max(axis=1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(axis=1, keepdims=True)
-        o[:, h * group:(h + 1) * group] = (s @ v_cache[h, :n_keys]).reshape(n, group, hd)
+        o[:, h * group:(h + 1) * group] = (s @ vh).reshape(n, group, hd)

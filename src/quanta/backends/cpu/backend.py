@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import numba
 import numpy as np
 
-from quanta.backends.base import Backend, KVShape
+from quanta.backends.base import AttentionMetadata, Backend, KVShape
 from quanta.backends.cpu import attention as _attention
 from quanta.backends.cpu import ops as _ops
 from quanta.backends.cpu import qmatmul as _qmatmul
@@ -43,7 +44,8 @@ class CPUBackend(Backend):
         self.threads = threads or available_cores()
         self.set_threads(self.threads)
         self._buffers: dict[str, np.ndarray] = {}
-        self._scratch = np.zeros((0, 0), np.float32)
+        self._scratch = np.zeros((0, 0), np.float32)  # per-thread score rows of the attention kernel
+        self._rows = np.zeros(0, np.int32)
 
     def set_threads(self, n: int) -> None:
         _qmatmul.set_threads(n)
@@ -77,8 +79,32 @@ class CPUBackend(Backend):
         return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
     def kv_cache(self, shape: KVShape) -> CPUKVCache:
-        self._scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, shape.n_ctx), np.float32)
         return CPUKVCache(shape)
+
+    def metadata(self, host: AttentionMetadata) -> CPUAttentionMetadata:
+        """``host`` plus which tokens the numba kernel takes and which sequences' chunks go to BLAS."""
+        starts = host.query_starts
+        lens = np.diff(starts)
+        large = np.flatnonzero(lens >= BLAS_ATTENTION_MIN_ROWS)
+        if large.size == 0:
+            rows = self._arange(len(host.positions))
+        else:
+            small = np.ones(len(host.positions), bool)
+            for j in large:
+                small[starts[j]:starts[j + 1]] = False
+            rows = np.flatnonzero(small).astype(np.int32)
+        chunks = tuple((int(starts[j]), int(starts[j + 1]), j) for j in large)
+        longest = int(host.positions[rows].max()) + 1 if rows.size else 0
+        if self._scratch.shape[1] < longest:
+            self._scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, max(longest, 2 * self._scratch.shape[1])),
+                                     np.float32)
+        return CPUAttentionMetadata(host.positions, host.slots, host.token_seq, host.block_tables, host.seq_lens,
+                                    starts, host.n_seqs, host.max_query_len, host.block_size, rows, chunks)
+
+    def _arange(self, n: int) -> np.ndarray:
+        if self._rows.size < n:
+            self._rows = np.arange(max(n, 2 * self._rows.size), dtype=np.int32)
+        return self._rows[:n]
 
     def buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         size = math.prod(shape)
@@ -88,9 +114,6 @@ class CPUBackend(Backend):
         return buf[:size].reshape(shape)
 
     # ---- ops -------------------------------------------------------------------------------------------------
-    def positions(self, start: int, n: int) -> np.ndarray:
-        return np.arange(start, start + n, dtype=np.int32)
-
     def matmul(self, x: np.ndarray, w: _qmatmul.QWeight, *, out: np.ndarray | None = None,
                residual: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
         if residual is None:
@@ -130,18 +153,24 @@ class CPUBackend(Backend):
         _ops.rope_rows(x, positions, cos, sin, neox)
         return x
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: Any, positions: np.ndarray, *,
-                  scale: float, window: int = 0, softcap: float = 0.0, out: np.ndarray | None = None) -> np.ndarray:
+    def attention(self, q: np.ndarray, k: np.ndarray | None, v: np.ndarray | None, cache: Any,
+                  meta: CPUAttentionMetadata, *, scale: float, window: int = 0, softcap: float = 0.0,
+                  out: np.ndarray | None = None) -> np.ndarray:
         n, n_heads, hd = q.shape
         if out is None:
             out = np.empty((n, n_heads * hd), np.float32)
         k_cache, v_cache = cache
-        if n >= BLAS_ATTENTION_MIN_ROWS:
-            _attention.attention_blas(q, k, v, k_cache, v_cache, positions, float(scale), int(window),
-                                      float(softcap), out)
-            return out
-        _attention.attention_kernel(q, k, v, k_cache, v_cache, positions, float(scale), int(window),
-                                    float(softcap), self._scratch, out)
+        if k is not None:
+            _attention.write_kv(k, v, k_cache, v_cache, meta.slots)
+        b = meta.block_size
+        for start, stop, j in meta.blas_chunks:
+            keys = _attention.sequence_slots(meta.block_tables[j], b, int(meta.seq_lens[j]))
+            _attention.attention_blas(q[start:stop], k_cache, v_cache, meta.positions[start:stop], keys,
+                                      float(scale), int(window), float(softcap), out[start:stop])
+        if meta.kernel_rows.size:
+            _attention.attention_kernel(q, k_cache, v_cache, meta.kernel_rows, meta.positions, meta.token_seq,
+                                        meta.block_tables, b, float(scale), int(window), float(softcap),
+                                        self._scratch, out)
         return out
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -172,12 +201,20 @@ class CPUBackend(Backend):
         x *= np.float32(cap)
         return x
 
-    def softmax(self, x: np.ndarray) -> np.ndarray:
-        e = np.exp(x - x.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
+    def gather_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return x[rows]
 
-    def argmax(self, x: np.ndarray) -> int:
-        return int(np.argmax(x))
+    def argmax_rows(self, logits: np.ndarray) -> np.ndarray:
+        ids = logits.argmax(axis=1).astype(np.int32)
+        best = logits[np.arange(len(ids)), ids]
+        ids[~np.isfinite(best)] = -1  # NaN propagates into the argmax: the row's best is then NaN
+        return ids
 
-    def last_row(self, x: np.ndarray) -> np.ndarray:
-        return x[-1:]
+
+@dataclass(frozen=True)
+class CPUAttentionMetadata(AttentionMetadata):
+    """The batch's placement plus its split between the attention kernel (``kernel_rows``: tokens of sequences with
+    few queries) and BLAS (``blas_chunks``: (first token, end, sequence) of each many-query chunk)."""
+
+    kernel_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    blas_chunks: tuple[tuple[int, int, int], ...] = ()

@@ -1,7 +1,7 @@
-"""The CPU KV-cache arena: one K and one V array per layer of (n_kv_heads, n_ctx, head_dim) float32.
+"""The CPU KV pool: one K and one V array per layer of (n_kv_heads, n_slots, head_dim) float32.
 
-Allocated once with np.zeros, so the OS maps pages only as positions are written: resident memory grows with
-the tokens actually cached, not with n_ctx.
+Allocated once with np.zeros, so the OS maps pages only as slots are written: resident memory grows with the
+blocks actually used, not with the pool's size.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from quanta.backends.base import KVShape
 class CPUKVCache:
     def __init__(self, shape: KVShape):
         self.shape = shape
-        dims = (shape.n_layers, shape.n_kv_heads, shape.n_ctx, shape.head_dim)
+        dims = (shape.n_layers, shape.n_kv_heads, shape.n_slots, shape.head_dim)
         self.k = np.zeros(dims, np.float32)
         self.v = np.zeros(dims, np.float32)
 

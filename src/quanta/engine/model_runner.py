@@ -1,0 +1,101 @@
+"""Runs scheduled batches through the model: explicit inputs for the backend, the KV pool, its size.
+
+A batch becomes token ids, positions, KV-pool slots, block tables and the rows that need logits
+(:class:`quanta.backends.base.AttentionMetadata`); the model's forward then runs the whole batch at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from quanta.backends.base import Array, AttentionMetadata, Backend
+from quanta.engine.config import EngineConfig
+from quanta.engine.scheduler import ScheduledBatch
+from quanta.errors import QuantaError
+from quanta.models.base import Model
+
+
+def pool_blocks(model: Model, backend: Backend, config: EngineConfig, n_ctx: int) -> int:
+    """Blocks of the KV pool: ``kv_blocks``, or ``kv_memory`` bytes' worth, or room for ``max_seqs`` full contexts
+    within ``kv_memory_fraction`` of the device's free memory. At least one full context."""
+    b = config.block_size
+    per_block = model.kv_shape(1, b).nbytes(backend.kv_itemsize)
+    one_context = -(-n_ctx // b)
+    if config.kv_blocks is not None:
+        n = config.kv_blocks
+    elif config.kv_memory is not None:
+        n = config.kv_memory // per_block
+    else:
+        n = one_context * config.max_seqs
+        free = backend.free_memory()
+        if free is not None:
+            n = min(n, int(free * config.kv_memory_fraction) // per_block)
+    if n < one_context:
+        raise QuantaError(f"the KV pool would hold {n * b:,} tokens ({n * per_block / 2**30:.2f} GiB), less than one "
+                          f"context of {n_ctx:,} tokens ({one_context * per_block / 2**30:.2f} GiB); lower n_ctx "
+                          f"(--n-ctx) or give the pool more memory (--kv-memory / --kv-blocks)")
+    return n
+
+
+class ModelRunner:
+    def __init__(self, model: Model, backend: Backend, config: EngineConfig, n_ctx: int):
+        self.model, self.backend, self.block_size = model, backend, config.block_size
+        self.n_blocks = pool_blocks(model, backend, config, n_ctx)
+        self.cache: Any = backend.kv_cache(model.kv_shape(self.n_blocks, self.block_size))
+
+    def run(self, batch: ScheduledBatch) -> Array:
+        """The forward of ``batch``: logits of its sampling sequences' last tokens, in batch order."""
+        ids, meta, rows = self.inputs(batch)
+        return self.forward(ids, meta, rows)
+
+    def forward(self, ids: np.ndarray, meta: AttentionMetadata, rows: np.ndarray | None) -> Array:
+        """The model on explicit host inputs (``rows``: which tokens need logits; None: all)."""
+        be = self.backend
+        return self.model.forward(be.from_host(ids), be.metadata(meta), self.cache,
+                                  None if rows is None else be.from_host(rows))
+
+    def inputs(self, batch: ScheduledBatch) -> tuple[np.ndarray, AttentionMetadata, np.ndarray | None]:
+        """Token ids, placement and logit rows of ``batch`` (host arrays)."""
+        b = self.block_size
+        n, s = batch.total_tokens, len(batch)
+        ids = np.empty(n, np.int32)
+        positions = np.empty(n, np.int32)
+        token_seq = np.empty(n, np.int32)
+        starts = np.zeros(s + 1, np.int32)
+        tables = np.zeros((s, max(len(seq.table.blocks) for seq in batch.seqs)), np.int32)
+        seq_lens = np.empty(s, np.int32)
+        rows = []
+        o = 0
+        for j, (seq, k) in enumerate(zip(batch.seqs, batch.num_tokens)):
+            first = seq.num_computed
+            ids[o:o + k] = seq.token_ids[first:first + k]
+            positions[o:o + k] = np.arange(first, first + k)
+            token_seq[o:o + k] = j
+            tables[j, :len(seq.table.blocks)] = seq.table.blocks
+            seq_lens[j] = first + k
+            o += k
+            starts[j + 1] = o
+            if batch.samples(j):
+                rows.append(o - 1)
+        slots = tables[token_seq, positions // b] * b + positions % b
+        meta = AttentionMetadata(positions, slots.astype(np.int32), token_seq, tables, seq_lens, starts, s,
+                                 int(max(batch.num_tokens)), b)
+        return ids, meta, None if len(rows) == n else np.asarray(rows, np.int32)
+
+    def score(self, token_ids: list[int], table: list[int], chunk: int) -> np.ndarray:
+        """Teacher-forced logits (n, vocab) of ``token_ids`` written into the blocks ``table``, ``chunk`` tokens per
+        forward."""
+        b, n = self.block_size, len(token_ids)
+        out = np.empty((n, self.model.n_vocab), np.float32)
+        blocks = np.asarray(table, np.int32)[None, :]
+        for start in range(0, n, chunk):
+            k = min(chunk, n - start)
+            positions = np.arange(start, start + k, dtype=np.int32)
+            meta = AttentionMetadata(positions, (blocks[0, positions // b] * b + positions % b).astype(np.int32),
+                                     np.zeros(k, np.int32), blocks, np.asarray([start + k], np.int32),
+                                     np.asarray([0, k], np.int32), 1, k, b)
+            logits = self.forward(np.asarray(token_ids[start:start + k], np.int32), meta, None)
+            out[start:start + k] = self.backend.to_host(logits)
+        return out
