@@ -10,6 +10,7 @@ from quanta.models.config import ModelConfig
 from quanta.models.gemma3 import Gemma3
 from quanta.models.llama import Llama
 from quanta.models.qwen2 import Qwen2
+from quanta.models.validate import validate
 
 ARCHITECTURES: dict[str, type[Model]] = {m.arch: m for m in (Llama, Qwen2, Gemma3)}
 
@@ -24,13 +25,18 @@ def model_class(arch: str) -> type[Model]:
             f"architecture {arch!r} is not supported (supported: {supported})") from None
 
 
-def load_model(gguf: GGUFFile, backend: Backend, n_ctx: int) -> Model:
-    """Read the config from ``gguf``'s metadata and load its tensors onto ``backend`` for ``n_ctx`` positions."""
-    arch = str(gguf.metadata.get("general.architecture", "<missing>"))
-    cls = model_class(arch)
+DEFAULT_N_CTX = 4096  # the context when none is asked for: the model's trained one, at most this
+
+
+def load_model(gguf: GGUFFile, backend: Backend, n_ctx: int | None = None) -> Model:
+    """Read the config from ``gguf``'s metadata, check it and every tensor against the architecture
+    (``validate``), then load the tensors onto ``backend`` for ``n_ctx`` positions (None: the trained context,
+    at most ``DEFAULT_N_CTX``)."""
+    cls = model_class(str(gguf.architecture or "<missing>"))
     embd = gguf.tensors.get("token_embd.weight")
     config = ModelConfig.from_metadata(gguf.metadata, embd.shape[0] if embd is not None else 0)
-    return cls(gguf, config, backend, n_ctx)
+    validate(gguf, config)
+    return cls(gguf, config, backend, n_ctx or min(config.n_ctx_train, DEFAULT_N_CTX))
 
 
 __all__ = ["ARCHITECTURES", "Model", "ModelConfig", "load_model", "model_class"]
