@@ -1,4 +1,5 @@
-"""`quanta inspect MODEL [--json]`: architecture, hyper-parameters, tokenizer, tensor table, sizes."""
+"""`quanta inspect MODEL [--json] [--check]`: architecture, hyper-parameters, tokenizer, tensor table, sizes;
+``--check`` also scans every weight for NaN/inf (exit status 1 when a tensor holds any)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ from typing import Any
 
 import numpy as np
 
+from quanta.gguf import TensorInfo
+
+CHECK_CHUNK_ELEMENTS = 1 << 20  # weights dequantized per step of --check: a few MB of fp32 at a time
+
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="a GGUF file or a known model name")
     p.add_argument("--json", action="store_true", help="print everything as one JSON object")
     p.add_argument("--tensors", type=int, default=None, metavar="N",
                    help="show only the first N rows of the tensor table (default: all)")
+    p.add_argument("--check", action="store_true",
+                   help="scan every weight for NaN/inf (dequantized block by block); exit status 1 if any holds one")
 
 
 def _plain(v: Any) -> Any:
@@ -63,6 +70,48 @@ def describe(path: str | Path) -> dict[str, Any]:
         }
 
 
+def nonfinite_counts(tensor: TensorInfo) -> tuple[int, int] | None:
+    """(NaN count, ±inf count) of the tensor's weights, dequantized a chunk of blocks at a time through the
+    reference dequantizer (never a whole fp32 copy); None for a ggml type quanta cannot decode."""
+    from quanta.quant import FORMATS, dequantize_raw
+
+    fmt = FORMATS.get(tensor.type)
+    if fmt is None:
+        return None
+    blocks_per_chunk = max(1, CHECK_CHUNK_ELEMENTS // fmt.block_size)
+    step = blocks_per_chunk * fmt.type_size
+    nan = inf = 0
+    for start in range(0, tensor.nbytes, step):
+        raw = tensor.raw[start : start + step]
+        w = dequantize_raw(raw, tensor.type, (raw.size // fmt.type_size * fmt.block_size,), tensor.name)
+        nan += int(np.isnan(w).sum())
+        inf += int(np.isinf(w).sum())
+    return nan, inf
+
+
+def check_weights(path: str | Path) -> list[dict[str, Any]]:
+    """Every tensor holding NaN/inf (name, type, counts) and every one whose type cannot be decoded (counts None)."""
+    from quanta.gguf import open_gguf
+
+    found = []
+    with open_gguf(path) as f:
+        for t in f.tensors.values():
+            counts = nonfinite_counts(t)
+            if counts is None or any(counts):
+                found.append({"name": t.name, "type": t.type, "nan": counts and counts[0], "inf": counts and counts[1]})
+    return found
+
+
+def _print_check(found: list[dict[str, Any]]) -> None:
+    bad = [r for r in found if r["nan"] is not None]
+    for r in found:
+        if r["nan"] is None:
+            print(f"check: {r['name']} ({r['type']}) not scanned: quanta cannot decode {r['type']}")
+    for r in bad:
+        print(f"check: {r['name']} ({r['type']}) holds {r['nan']:,} NaN and {r['inf']:,} inf weights")
+    print(f"check: {len(bad)} tensor(s) with non-finite weights" if bad else "check: every weight is finite")
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
@@ -99,9 +148,13 @@ def run(args: argparse.Namespace) -> int:
 
     from quanta.hub import resolve_model
 
-    d = describe(resolve_model(args.model, home=getattr(args, "home", None)))
+    path = resolve_model(args.model, home=getattr(args, "home", None))
+    d = describe(path)
+    found = check_weights(path) if args.check else []
     if args.json:
-        print(json.dumps(d, indent=1))
+        print(json.dumps({**d, "nonfinite": found} if args.check else d, indent=1))
     else:
         _print(d, args.tensors)
-    return 0
+        if args.check:
+            _print_check(found)
+    return 1 if any(r["nan"] for r in found) or any(r["inf"] for r in found) else 0
