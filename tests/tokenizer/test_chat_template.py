@@ -116,3 +116,36 @@ def test_raise_exception_and_bad_syntax_are_chat_template_errors():
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{{ messages[5]['content'] + 1 }}").render([])
     assert issubclass(ChatTemplateError, QuantaError)
+
+
+# Written here to use every construct the sandbox bounds (generators joined, namespaces, macros, set blocks,
+# formatting, tojson with indent, literals, the generation tag), as tool-calling templates do.
+FEATURES_TEMPLATE = """{%- macro render_tool(tool) -%}
+{{ '%-8s|%5.1f' % (tool.function.name, 2.5) }} {{ '{:>6}'.format(tool.type) }}
+{{ tool.function.parameters | tojson(indent=2) | indent(4) }}
+{%- endmacro -%}
+{%- set ns = namespace(system='', seen=[], count=0) -%}
+{%- for m in messages if m.role == 'system' %}{% set ns.system = ns.system ~ m.content %}{% endfor -%}
+{%- if tools %}{% set listing %}{% for t in tools %}{{ render_tool(t) }}{{ '\n' if not loop.last }}{% endfor %}{% endset %}
+{{- '<tools>\n' + listing + '\n</tools>\n' }}{% endif -%}
+{{- ns.system | center(20) if ns.system }}
+{%- for m in messages | rejectattr('role', 'equalto', 'system') %}
+{%- set ns.seen = ns.seen + [m.role] %}{% set ns.count = ns.count + m.content | length %}
+{%- if m.role == 'assistant' %}<a>{% generation %}{{ m.content | trim }}{% endgeneration %}</a>
+{%- else %}<{{ m.role[:1] }}>{{ m.content | wordwrap(12) }}</{{ m.role[:1] }}>{% endif %}
+{%- endfor %}
+{{- '\n' ~ (ns.seen | unique | map('upper') | join(',')) ~ ' ' ~ ns.count ~ ' ' ~ {'n': ns.seen | length} | tojson }}
+{{- ' ' ~ (range(3) | map('string') | list) ~ ' ' ~ ([1, 2] * 2) | sum ~ ' ' ~ 'ab' * 3 ~ ' ' ~ 2 ** 10 }}
+{%- if add_generation_prompt %}<a>{% endif %}"""
+
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather for a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+         {"type": "function", "function": {"name": "time", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+@pytest.mark.parametrize("tools", [None, TOOLS])
+def test_bounded_constructs_render_like_transformers(messages, tools):
+    rendered, _ = render_jinja_template([messages], chat_template=FEATURES_TEMPLATE, tools=tools,
+                                        add_generation_prompt=True)
+    assert ChatTemplate(FEATURES_TEMPLATE).render(messages, tools=tools) == rendered[0]

@@ -11,3 +11,7 @@ class TokenizerError(QuantaError):
 
 class ChatTemplateError(QuantaError):
     """A chat template failed to parse or render, or did something a template may not do."""
+
+
+class RenderTooLongError(ChatTemplateError):
+    """A chat template's output ran past the length asked for (or past the render limit)."""

@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from quanta.errors import ContextOverflowError
 from quanta.tokenizer.bpe_engine import Engine, load_engine
 from quanta.tokenizer.detokenize import StreamDecoder, TokenPieces, clean_spaces
-from quanta.tokenizer.errors import TokenizerError
+from quanta.tokenizer.errors import RenderTooLongError, TokenizerError
 from quanta.tokenizer.special import SpecialSplitter
 from quanta.tokenizer.vocab import TokenAttr, Vocab, load_vocab
 
@@ -65,9 +66,12 @@ class Tokenizer:
         return token_id in self.vocab.eog_ids
 
     # --- encoding ---------------------------------------------------------------------------------------
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False,
+               max_tokens: int | None = None) -> list[int]:
         """Token ids of ``text``; ``add_special`` adds BOS/EOS as the GGUF says, ``parse_special`` turns
-        control-token text such as ``<|im_start|>`` into that token (user-defined tokens always are)."""
+        control-token text such as ``<|im_start|>`` into that token (user-defined tokens always are).
+        ``max_tokens``: a text too long to fit in that many tokens is refused before it is tokenized."""
+        self._check_length(text, max_tokens)
         vocab = self.vocab
         if self._splitter is None:
             self._splitter = SpecialSplitter(self.vocab)
@@ -107,6 +111,17 @@ class Tokenizer:
             else:
                 prev_special = True
         return texts
+
+    def max_chars(self, max_tokens: int) -> int:
+        """The longest text that could encode to ``max_tokens`` tokens (each at most the longest token's text;
+        characters the vocabulary drops as unknown are the one way past it)."""
+        return max_tokens * max(self.vocab.max_token_chars, 1)
+
+    def _check_length(self, text: str, max_tokens: int | None) -> None:
+        if max_tokens is not None and len(text) > self.max_chars(max_tokens):
+            raise ContextOverflowError(
+                f"the text has {len(text):,} characters, more than {max_tokens:,} tokens of this vocabulary can "
+                f"hold (its longest token has {self.vocab.max_token_chars} characters); shorten it or raise n_ctx")
 
     def _require(self, name: str) -> None:
         if self.vocab.special[name] is None:
@@ -161,19 +176,30 @@ class Tokenizer:
         return builtin_template(self._architecture, self.vocab.token_to_id)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None) -> str:
-        """The prompt text for ``messages`` (the GGUF's template, else a built-in one for the architecture)."""
-        if self._chat is None:
-            from quanta.tokenizer.chat_template import ChatTemplate
+                            tools: list[dict[str, Any]] | None = None, max_tokens: int | None = None) -> str:
+        """The prompt text for ``messages`` (the GGUF's template, else a built-in one for the architecture);
+        with ``max_tokens``, a render too long for that many tokens stops as soon as it gets there."""
+        from quanta.tokenizer.chat_template import MAX_OUTPUT, ChatTemplate  # jinja2 loads only for chat
 
+        if self._chat is None:
             self._chat = ChatTemplate(self.chat_template)
-        return self._chat.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                 bos_token=self.token_text("bos"), eos_token=self.token_text("eos"))
+        limit = MAX_OUTPUT if max_tokens is None else min(MAX_OUTPUT, self.max_chars(max_tokens))
+        try:
+            return self._chat.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                     bos_token=self.token_text("bos"), eos_token=self.token_text("eos"),
+                                     max_chars=limit)
+        except RenderTooLongError:
+            if max_tokens is None or limit == MAX_OUTPUT:
+                raise
+            raise ContextOverflowError(
+                f"the chat renders to more than {limit:,} characters, more than {max_tokens:,} tokens of this "
+                "vocabulary can hold; shorten the conversation or raise n_ctx") from None
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """Token ids of the rendered chat, special tokens parsed; no second BOS when the template wrote one."""
-        text = self.apply_chat_template(messages, add_generation_prompt, tools)
+                    tools: list[dict[str, Any]] | None = None, max_tokens: int | None = None) -> list[int]:
+        """Token ids of the rendered chat, special tokens parsed; no second BOS when the template wrote one.
+        ``max_tokens``: a chat that cannot fit in that many tokens is refused before it is tokenized."""
+        text = self.apply_chat_template(messages, add_generation_prompt, tools, max_tokens)
         ids = self.encode(text, add_special=True, parse_special=True)
         bos = self.bos_id
         if self.vocab.add_bos and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
@@ -188,15 +214,17 @@ def _check_unicode(text: str) -> None:
         raise TokenizerError(f"text is not valid Unicode: {e.reason} at character {e.start}") from None
 
 
-def load_tokenizer(model: Any, *, cache_dir: str | os.PathLike | None = None) -> Tokenizer:
-    """The tokenizer of ``model``: a GGUF path, a known model name, or an open ``quanta.gguf.GGUFFile``."""
+def load_tokenizer(model: Any, *, cache_dir: str | os.PathLike | None = None,
+                   home: str | os.PathLike | None = None) -> Tokenizer:
+    """The tokenizer of ``model``: a GGUF path, a known model name, or an open ``quanta.gguf.GGUFFile``;
+    derived merges are cached in ``cache_dir`` (default: ``tokenizers/`` in the quanta ``home``)."""
     from quanta import gguf
     from quanta.hub import quanta_home, resolve_model
 
-    cache = Path(cache_dir) if cache_dir is not None else quanta_home() / "tokenizers"
+    cache = Path(cache_dir) if cache_dir is not None else quanta_home(home) / "tokenizers"
     if isinstance(model, gguf.GGUFFile):
         return _from_metadata(model.metadata, cache)
-    with gguf.open(resolve_model(model)) as f:
+    with gguf.open(resolve_model(model, home=home)) as f:
         return _from_metadata(f.metadata, cache)
 
 

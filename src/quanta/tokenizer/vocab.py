@@ -34,6 +34,11 @@ class TokenAttr(enum.IntFlag):
 _TYPE_TO_ATTR = {1: TokenAttr.NORMAL, 2: TokenAttr.UNKNOWN, 3: TokenAttr.CONTROL, 4: TokenAttr.USER_DEFINED,
                  5: TokenAttr.UNUSED, 6: TokenAttr.BYTE}
 
+# The longest token text accepted, in UTF-8 bytes. llama.cpp has no limit, but real vocabularies stay under 200
+# bytes (SmolLM2: 162, Gemma 3: 48), and deriving SentencePiece merges costs the square of a token's length: a
+# 5 MB token would take hours.
+MAX_TOKEN_BYTES = 1024
+
 # Texts llama.cpp recognises as end-of-turn / FIM tokens when the GGUF does not name them (forced to CONTROL).
 EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
              "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
@@ -83,6 +88,7 @@ class Vocab:
     regexes: tuple[str, ...]  # pre-tokenizer regexes (BPE only)
     eog_ids: frozenset[int] = frozenset()
     special_tokens: list[int] = field(default_factory=list)  # partition order: longest text first
+    max_token_chars: int = 0  # the longest token text: a text of n characters is at least n / this many tokens
 
     @property
     def size(self) -> int:
@@ -134,6 +140,7 @@ def load_vocab(metadata: Mapping[str, Any]) -> Vocab:
         raise TokenizerError("the GGUF has no token list (tokenizer.ggml.tokens)")
     raw_tokens = _c_strings(raw_tokens)
     tokens = [w if w else f"[EMPTY_{i}]" for i, w in enumerate(raw_tokens)] if "" in raw_tokens else list(raw_tokens)
+    max_token_chars = _check_token_lengths(tokens)
     n = len(tokens)
     scores = metadata.get("tokenizer.ggml.scores")
     if scores is not None:
@@ -186,7 +193,19 @@ def load_vocab(metadata: Mapping[str, Any]) -> Vocab:
     return Vocab(kind=kind, pre=pre, tokens=tokens, scores=scores, attrs=attrs, merges=merges,
                  token_to_id=token_to_id, special=ids, add_bos=add_bos, add_eos=add_eos,
                  add_space_prefix=add_space_prefix, clean_spaces=clean_spaces, ignore_merges=ignore_merges,
-                 regexes=regexes, eog_ids=frozenset(eog), special_tokens=special_ids)
+                 regexes=regexes, eog_ids=frozenset(eog), special_tokens=special_ids, max_token_chars=max_token_chars)
+
+
+def _check_token_lengths(tokens: list[str]) -> int:
+    """The longest token's length in characters; a token over ``MAX_TOKEN_BYTES`` is a ``TokenizerError``."""
+    longest = max(map(len, tokens))
+    if longest * 4 > MAX_TOKEN_BYTES:  # a character is at most 4 bytes: only then count bytes
+        for i, token in enumerate(tokens):
+            if len(token) * 4 > MAX_TOKEN_BYTES and len(token.encode("utf-8", "surrogatepass")) > MAX_TOKEN_BYTES:
+                raise TokenizerError(f"token {i} is {len(token.encode('utf-8', 'surrogatepass')):,} bytes long; "
+                                     f"quanta accepts tokens of at most {MAX_TOKEN_BYTES:,} bytes (real vocabularies "
+                                     "stay under 200)")
+    return longest
 
 
 def _drop_false_eog(eog: set[int], tokens: list[str], attrs: np.ndarray) -> None:
