@@ -5,13 +5,25 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# numba's OpenMP workers spin for milliseconds after each parallel op, on the core the next kernel needs; a short
-# spin made Gemma-3 prefill 0.8× → 1.05× llama.cpp (docs/PERF.md). libgomp reads it once, when it first loads,
-# so it is set here, before anything can load it; an explicit setting wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-
 __version__ = "0.1.0"
-__all__ = ["LLM", "load_tokenizer"]
+__all__ = ["LLM", "load_tokenizer", "prepare_cpu_runtime"]
+
+
+def prepare_cpu_runtime() -> None:
+    """Decide what the CPU libraries read once, when they load; the CLI and ``quanta.LLM`` call it before building
+    a backend (calling it again, or after the libraries loaded, changes nothing). An explicit setting wins.
+
+    - libgomp (numba's OpenMP layer): ``OMP_WAIT_POLICY=PASSIVE``, so that a worker sleeps when a region ends
+      instead of spinning for milliseconds on the core that quanta's own GEMV and prefill threads need next
+      (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` set by the user are kept);
+    - numpy's OpenBLAS: its AVX-512 kernels where it picked AVX2 ones on an AVX-512 CPU, unless
+      ``OPENBLAS_CORETYPE`` is set (``backends/cpu/kernels/openblas.py``).
+    """
+    if "GOMP_SPINCOUNT" not in os.environ:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from quanta.backends.cpu.kernels import openblas
+
+    openblas.use_avx512_kernels(user_core_type=os.environ.get("OPENBLAS_CORETYPE"))
 
 
 def __getattr__(name: str) -> Any:

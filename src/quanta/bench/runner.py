@@ -38,6 +38,7 @@ class BenchConfig:
     exact: bool = False
     cold_start: bool = True
     breakdown: bool = True
+    busy_cores: int = 0  # competing busy processes during the whole run (contention.py)
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -156,7 +157,15 @@ def _summarise(runs: list[RunTimes], deep: list[RunTimes], shape: dict[str, int]
 
 
 def run_bench(cfg: BenchConfig, *, progress: bool = True) -> dict[str, Any]:
-    """Measure quanta (and the baseline with ``cfg.vs``) and return the report (the --json document)."""
+    """Measure quanta (and the baseline with ``cfg.vs``) and return the report (the --json document), with
+    ``cfg.busy_cores`` competing processes running throughout."""
+    from quanta.bench.contention import busy_cores
+
+    with busy_cores(cfg.busy_cores):
+        return {**_run_bench(cfg, progress=progress), "busy_cores": cfg.busy_cores}
+
+
+def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
     shape = _model_shape(cfg.model)
     prompt = _prompt(shape["vocab"], cfg.prompt_tokens)
     deep_prompt = _prompt(shape["vocab"], cfg.depth, seed=1) if cfg.depth else []

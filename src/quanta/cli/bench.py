@@ -18,12 +18,15 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: available cores)")
     p.add_argument("--vs", choices=("llama.cpp",), default=None, help="measure llama.cpp side by side")
     p.add_argument("--exact", action="store_true", help="quanta's exact fp32 mode instead of the fast mode")
+    p.add_argument("--busy-cores", type=int, default=0, metavar="N",
+                   help="keep N cores busy with competing processes during the whole run (a shared machine)")
     p.add_argument("--no-cold-start", action="store_true", help="skip the process-start → first-token runs")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the roofline chart and per-op bars")
 
 
 def run(args: argparse.Namespace) -> int:
+    from quanta import prepare_cpu_runtime
     from quanta.backends import resolve_device
     from quanta.bench.report import format_table, plot
     from quanta.bench.runner import BenchConfig, run_bench, write_json
@@ -34,11 +37,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.depth < 0:
         raise ValueError("--depth must be 0 or more")
+    if args.busy_cores < 0:
+        raise ValueError("--busy-cores must be 0 or more")
+    prepare_cpu_runtime()  # before the bandwidth probe loads numba's OpenMP layer
     threads = args.threads or len(os.sched_getaffinity(0))
     cfg = BenchConfig(model=resolve_model(args.model), device=resolve_device(args.device),
                       prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, depth=args.depth,
                       repeats=args.repeats, threads=threads, vs=args.vs, exact=args.exact,
-                      cold_start=not args.no_cold_start)
+                      cold_start=not args.no_cold_start, busy_cores=args.busy_cores)
     report = run_bench(cfg, progress=sys.stderr.isatty())
     print(format_table(report))
     if args.json:

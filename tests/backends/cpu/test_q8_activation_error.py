@@ -15,6 +15,7 @@ from quanta.backends.cpu import qmatmul as qm
 from quanta.gguf.reader import TensorInfo
 from quanta.quant import quantize
 
+THREADS = qm.CPUThreads(2)
 FORMATS_WITH_MIN_OR_OFFSET = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 
 
@@ -42,5 +43,5 @@ def test_fast_mode_error_is_the_activation_rounding(type_name, n):
     x[:, 3] *= 25  # an outlier channel, as real activations have
     exact = x.astype(np.float64) @ dense.T
     expected = _rel(_q8(x) @ dense.T, exact)
-    got = _rel(qm.qmatmul(x, qm.prepare_weight(tensor), exact=False).astype(np.float64), exact)
+    got = _rel(qm.qmatmul(x, qm.prepare_weight(tensor), THREADS, exact=False).astype(np.float64), exact)
     assert got <= 1.1 * expected + 1e-6

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import gguf
-import numba
 import numpy as np
 import pytest
 
 import quanta.gguf as qgguf
 from quanta.backends.cpu.qmatmul import (
-    GEMM_MIN_ROWS, Q8_ACTIVATION_TYPES, SPLIT_MIN_ROWS, TILE_BYTES, prepare_weight, qembed, qmatmul,
-    set_threads,
+    GEMM_MIN_ROWS, Q8_ACTIVATION_TYPES, SPLIT_MIN_ROWS, TILE_BYTES, CPUThreads, prepare_weight, qembed,
+    qmatmul as _qmatmul,
 )  # fmt: skip
 from quanta.gguf.reader import TensorInfo
 from quanta.quant.formats import FORMATS, UnsupportedTypeError
@@ -20,6 +19,13 @@ EXACT_TOL = 1e-5  # relative to max |reference|: fp32 rounding only
 # 8-bit activations: each x is rounded by up to d/2 = max|x_block|/254, a relative error of ~0.5% per output on
 # Gaussian data (max over outputs up to ~1.5%); RMS bound 1.5% leaves room for small samples.
 FAST_MAX_TOL, FAST_RMS_TOL = 3e-2, 1.5e-2
+
+
+THREADS = CPUThreads(2)  # a GEMV worker and a prefill thread beside the caller, whatever the machine has
+
+
+def qmatmul(x, w, threads: CPUThreads = THREADS, **kwargs):
+    return _qmatmul(x, w, threads, **kwargs)
 
 
 def random_tensor(type_name: str, m: int, k: int, seed: int = 0) -> TensorInfo:
@@ -107,12 +113,12 @@ def test_out_argument_threads_and_gemm_path_agree():
     assert qmatmul(x, w, exact=True, out=out) is out
     rows = np.stack([qmatmul(x[i : i + 1], w, exact=True)[0] for i in range(x.shape[0])])  # GEMV path
     np.testing.assert_allclose(out, rows, rtol=0, atol=EXACT_TOL * np.abs(rows).max())
-    before = numba.get_num_threads()
-    set_threads(1)
+    one = CPUThreads(1)
     try:
-        np.testing.assert_allclose(qmatmul(x[:1], w, exact=True), rows[:1], rtol=0, atol=EXACT_TOL * np.abs(rows).max())
+        np.testing.assert_allclose(qmatmul(x[:1], w, one, exact=True), rows[:1], rtol=0,
+                                   atol=EXACT_TOL * np.abs(rows).max())
     finally:
-        set_threads(before)
+        one.close()
     strided = np.zeros((2, 128), np.float32)[:, ::2]  # a non-contiguous out view is filled too
     qmatmul(x[:2], w, exact=True, out=strided)
     np.testing.assert_allclose(strided, rows[:2], rtol=0, atol=EXACT_TOL * np.abs(rows).max())
@@ -123,12 +129,7 @@ def test_gemm_tiles_and_thread_split(m, n):
     """Weights taller than one fp32 tile, and prefill batches split over the sgemm threads."""
     t = random_tensor("Q8_0", m, 256, seed=5)
     x = np.random.default_rng(6).standard_normal((n, 256)).astype(np.float32)
-    before = numba.get_num_threads()
-    set_threads(2)
-    try:
-        y = qmatmul(x, prepare_weight(t), exact=True)
-    finally:
-        set_threads(before)
+    y = qmatmul(x, prepare_weight(t), exact=True)
     assert rel_err(y, x.astype(np.float64) @ oracle(t).T) < EXACT_TOL
 
 
@@ -160,13 +161,8 @@ def test_int8_gemm_prefill_shape_two_threads_and_out(type_name):
     m, k, n = 96, 512, 509
     t = random_tensor(type_name, m, k, seed=9)
     x = np.random.default_rng(10).standard_normal((n, k)).astype(np.float32)
-    before = numba.get_num_threads()
-    set_threads(2)
-    try:
-        out = np.full((n, m), np.nan, np.float32)
-        assert qmatmul(x, prepare_weight(t), out=out) is out
-    finally:
-        set_threads(before)
+    out = np.full((n, m), np.nan, np.float32)
+    assert qmatmul(x, prepare_weight(t), out=out) is out
     ref_w = oracle(t)
     assert rel_err(out, q8_round_trip(x) @ ref_w.T) < 1e-5
     exact = qmatmul(x, prepare_weight(t), exact=True)  # exact mode keeps the fp32 path

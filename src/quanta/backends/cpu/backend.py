@@ -48,7 +48,9 @@ class CPUBackend(Backend):
         self._rows = np.zeros(0, np.int32)
 
     def set_threads(self, n: int) -> None:
-        _qmatmul.set_threads(n)
+        if getattr(self, "_threads", None) is not None:
+            self._threads.close()
+        self._threads = _qmatmul.CPUThreads(n)  # this backend's GEMV workers and prefill pool
 
     # ---- loading ---------------------------------------------------------------------------------------------
     def load_weight(self, tensor: TensorInfo) -> _qmatmul.QWeight:
@@ -117,9 +119,10 @@ class CPUBackend(Backend):
     def matmul(self, x: np.ndarray, w: _qmatmul.QWeight, *, out: np.ndarray | None = None,
                residual: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
         if residual is None:
-            y = _qmatmul.qmatmul(x, w, exact=self.exact, out=out)
+            y = _qmatmul.qmatmul(x, w, self._threads, exact=self.exact, out=out)
         else:  # the product goes to scratch first: out may be the residual itself
-            y = _qmatmul.qmatmul(x, w, exact=self.exact, out=self.buffer("_matmul_residual", (x.shape[0], w.shape[0])))
+            scratch = self.buffer("_matmul_residual", (x.shape[0], w.shape[0]))
+            y = _qmatmul.qmatmul(x, w, self._threads, exact=self.exact, out=scratch)
         if bias is not None:
             _ops.add_rows(y, bias)
         if residual is None:

@@ -18,12 +18,17 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
+from quanta.backends.cpu.cached_dispatch import load_without_refresh
 from quanta.backends.cpu.kernels import gemm_q8 as _gemm_q8
 from quanta.backends.cpu.kernels import openblas
 from quanta.backends.cpu.kernels import rows as _rows
+from quanta.backends.cpu.kernels import workers as _workers
 from quanta.backends.cpu.kernels.gemm_q8_pack import TILE_ROWS, UNIT
 from quanta.backends.cpu.kernels.legacy_dot_q8 import HAS_VNNI
+from quanta.backends.cpu.kernels.workers import WorkerPool
 from quanta.quant.formats import get_format
+
+load_without_refresh(_workers)
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 GEMM_MIN_ROWS = 8  # from this many activation rows on, dequantize tiles + sgemm beats the GEMV kernels
@@ -62,32 +67,71 @@ def prepare_weight(tensor) -> QWeight:
     return QWeight(tensor.name, fmt.name, (m, k), raw2d, code, fmt.block_size, fmt.type_size)
 
 
-SPLIT_MIN_ROWS = 64  # activation rows per thread below which the prefill sgemm stays on one thread
-BLAS_CORE = openblas.use_avx512_kernels()  # AVX-512 sgemm where numpy's OpenBLAS picked AVX2 (Zen 5: 1.8x)
-
-_n_chunks = 8 * numba.get_num_threads()  # row chunks per GEMV call: a few per thread, cached (saves a call)
-_sgemm_pool: ThreadPoolExecutor | None = None
-_sgemm_threads = 0  # 0 = set_threads not called yet (the first GEMM applies the default)
+SPLIT_MIN_ROWS = 64  # activation rows per thread below which the prefill work stays on one thread
+PARTS_PER_THREAD = 4  # prefill work is cut into this many parts per thread, claimed by whichever thread is free
 
 
-def set_threads(n: int) -> None:
-    """Threads used by the numba kernels and by the prefill sgemm (default: all available cores).
+class CPUThreads:
+    """The threads of one CPU backend: native GEMV workers (``kernels/workers.py``) and the prefill pool.
 
-    OpenBLAS itself is kept single-threaded: its idle workers spin for ~100 ms after each call (measured: 40-100
-    ms of CPU burnt while idle), stealing a core from the numba kernels that follow; the prefill work is split
-    over our own thread pool instead (idle threads block, burn 0 ms).
+    Both let whichever thread is running take the next piece of work, so a thread that another process keeps off
+    its core slows the call down instead of stalling it. OpenBLAS itself stays single-threaded: its idle workers
+    spin for ~100 ms after each call (measured: 40-100 ms of CPU burnt while idle), stealing a core from the
+    kernels that follow; the prefill work is split over our pool instead (idle threads block, burn 0 ms).
     """
-    global _n_chunks, _sgemm_pool, _sgemm_threads
-    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
-    _n_chunks = 8 * numba.get_num_threads()
-    openblas.set_threads(1)
-    if _sgemm_pool is not None:
-        _sgemm_pool.shutdown(wait=False)
-    _sgemm_threads = numba.get_num_threads()
-    if _sgemm_threads > 1:
-        _sgemm_pool = ThreadPoolExecutor(_sgemm_threads - 1, thread_name_prefix="quanta-sgemm")
-    else:
-        _sgemm_pool = None
+
+    def __init__(self, n: int):
+        self.n = max(1, int(n))
+        self.numba_threads = max(1, min(self.n, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(self.numba_threads)
+        openblas.set_threads(1)
+        self.workers = WorkerPool(self.n)
+        self.chunks = 8 * self.n  # GEMV row chunks per call: a few per thread
+        self.pool = ThreadPoolExecutor(self.n - 1, thread_name_prefix="quanta-prefill") if self.n > 1 else None
+        self.contended = False
+
+    def adapt(self) -> None:
+        """Run the other numba kernels (OpenMP regions: attention, norms) on the calling thread alone while the
+        GEMV workers get much less than their share of the work, i.e. while another process holds their cores.
+
+        An OpenMP region waits for every thread of its team, so under contention each would stall for a time
+        slice; the GEMVs need no such switch (their chunks go to whoever runs). Hysteresis: below half of the
+        expected share switches to one thread, above 70% back to ``n``.
+        """
+        share = self.workers.window_share() / ((self.n - 1) / self.n)
+        contended = share < (0.7 if self.contended else 0.5)
+        if contended != self.contended:
+            self.contended = contended
+            numba.set_num_threads(1 if contended else self.numba_threads)
+
+    def parts(self, work: int, n: int) -> list[tuple[int, int]]:
+        """``work`` items in contiguous parts: several per thread when there are enough activation rows."""
+        parts = max(1, min(self.n * PARTS_PER_THREAD, n * PARTS_PER_THREAD // SPLIT_MIN_ROWS, work))
+        if parts < PARTS_PER_THREAD:
+            parts = 1
+        return [(work * i // parts, work * (i + 1) // parts) for i in range(parts)]
+
+    def run_parts(self, fn, parts: list[tuple[int, int]]) -> None:
+        """``fn(a, b)`` for every part, each taken by the next free thread (the caller is one of them)."""
+        if self.pool is None or len(parts) == 1:
+            for a, b in parts:
+                fn(a, b)
+            return
+        queue = iter(parts)  # next() on a list iterator is atomic under the GIL
+
+        def drain() -> None:
+            for a, b in queue:
+                fn(a, b)
+
+        helpers = [self.pool.submit(drain) for _ in range(min(self.n, len(parts)) - 1)]
+        drain()
+        for h in helpers:
+            h.result()
+
+    def close(self) -> None:
+        self.workers.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
 
 
 def _float_rows(w: QWeight, start: int, stop: int) -> np.ndarray:
@@ -126,29 +170,24 @@ def _q8_buffers(n: int, k: int) -> tuple[np.ndarray, ...]:
     return buffers
 
 
+def _gemv_buffers(n: int, k: int, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fp32 GEMV's per-32 sums of x and one dequantized row per thread (Q2_K/Q3_K), reused per shape."""
+    per_thread = getattr(_scratch, "f32", None)
+    if per_thread is None:
+        per_thread = _scratch.f32 = {}
+    buffers = per_thread.get((n, k, threads))
+    if buffers is None:
+        buffers = per_thread[n, k, threads] = (np.empty((n, k // 32), np.float32), np.empty((threads, k), np.float32))
+    return buffers
+
+
 def _dequant_tile(w: QWeight, start: int, stop: int) -> np.ndarray:
     out = _tile_buffer(stop - start, w.shape[1])  # per thread
     _rows.dequant_tile(w.fmt, w.raw2d, start, w.block_size, w.type_size, out)
     return out
 
 
-def _split(work: int, n: int) -> list[tuple[int, int]]:
-    """``work`` items in contiguous parts, one per sgemm thread when there are enough activation rows."""
-    if not _sgemm_threads:
-        set_threads(numba.get_num_threads())
-    parts = max(1, min(_sgemm_threads, n // SPLIT_MIN_ROWS, work))
-    return [(work * i // parts, work * (i + 1) // parts) for i in range(parts)]
-
-
-def _run_parts(fn, parts: list[tuple[int, int]]) -> None:
-    """``fn(a, b)`` for every part: all but the first on the sgemm pool, the first on the calling thread."""
-    futures = [_sgemm_pool.submit(fn, a, b) for a, b in parts[1:]]
-    fn(*parts[0])
-    for f in futures:
-        f.result()
-
-
-def _gemm(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
+def _gemm(x: np.ndarray, w: QWeight, out: np.ndarray, threads: CPUThreads) -> None:
     """``out = x @ dequantize(W).T``: each thread takes a range of weight rows, dequantizes them tile by tile
     into its own scratch and runs a single-threaded sgemm on it (the tile stays in that core's cache)."""
     m, k = w.shape
@@ -159,10 +198,10 @@ def _gemm(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
             b = min(stop, a + tile)
             np.matmul(x, _dequant_tile(w, a, b).T, out=out if b - a == m else out[:, a:b])
 
-    _run_parts(rows, _split(m, x.shape[0]))
+    threads.run_parts(rows, threads.parts(m, x.shape[0]))
 
 
-def _gemm_int8(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
+def _gemm_int8(x: np.ndarray, w: QWeight, out: np.ndarray, threads: CPUThreads) -> None:
     """Fast mode: ``out = x @ dequantize(W).T`` with q8 activations and VNNI integer dots (``kernels/gemm_q8``);
     the activation rows are quantized in parallel, then each thread takes a range of 16-row weight tiles."""
     (n, k), m, unit = x.shape, w.shape[0], UNIT[w.type]
@@ -178,22 +217,23 @@ def _gemm_int8(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
         _gemm_q8.gemm_q8_rows(w.fmt, unit, w.raw2d, a * TILE_ROWS, min(m, b * TILE_ROWS), xq, xdu, xsu, n, out,
                               *_gemm_q8.gemm_scratch(n_pad, k, unit))
 
-    _run_parts(quantize, _split(n, n))
-    _run_parts(rows, _split(-(-m // TILE_ROWS), n))
+    threads.run_parts(quantize, threads.parts(n, n))
+    threads.run_parts(rows, threads.parts(-(-m // TILE_ROWS), n))
 
 
-def _float_gemm(x: np.ndarray, w: QWeight, out: np.ndarray) -> None:
+def _float_gemm(x: np.ndarray, w: QWeight, out: np.ndarray, threads: CPUThreads) -> None:
     """F32/F16/BF16 weights: one conversion, then the activation rows split over the sgemm threads."""
     wt = _float_rows(w, 0, w.shape[0]).T
-    _run_parts(lambda a, b: np.matmul(x[a:b], wt, out=out[a:b]), _split(x.shape[0], x.shape[0]))
+    threads.run_parts(lambda a, b: np.matmul(x[a:b], wt, out=out[a:b]), threads.parts(x.shape[0], x.shape[0]))
 
 
 def _is_f32_c(a: np.ndarray) -> bool:
     return a.dtype == np.float32 and a.flags.c_contiguous
 
 
-def qmatmul(x: np.ndarray, w: QWeight, *, exact: bool = False, out: np.ndarray | None = None) -> np.ndarray:
-    """``x @ dequantize(W).T`` for float32 ``x`` of shape (n, k); returns (n, m) float32.
+def qmatmul(x: np.ndarray, w: QWeight, threads: CPUThreads, *, exact: bool = False,
+            out: np.ndarray | None = None) -> np.ndarray:
+    """``x @ dequantize(W).T`` for float32 ``x`` of shape (n, k) on ``threads``; returns (n, m) float32.
 
     ``exact`` keeps activations and accumulation in fp32 (the oracle mode); the default fast mode may quantize
     activations to 8 bits for integer dot products.
@@ -209,17 +249,21 @@ def qmatmul(x: np.ndarray, w: QWeight, *, exact: bool = False, out: np.ndarray |
     elif out.shape != (n, m):
         raise ValueError(f"qmatmul: out has shape {out.shape}, expected {(n, m)}")
     if w.fmt < 0:
-        _float_gemm(x, w, out)
+        _float_gemm(x, w, out, threads)
     elif n >= GEMM_MIN_ROWS and not exact and w.type in Q8_ACTIVATION_TYPES and _is_f32_c(out):
-        _gemm_int8(x, w, out)
+        _gemm_int8(x, w, out, threads)
     elif n >= GEMM_MIN_ROWS:
-        _gemm(x, w, out)
+        _gemm(x, w, out, threads)
     else:  # the GEMV kernels are compiled for C-contiguous float32 outputs only
         target = out if _is_f32_c(out) else np.empty((n, m), np.float32)
+        pool, chunks = threads.workers, min(m, threads.chunks)
         if not exact and w.type in Q8_ACTIVATION_TYPES:
-            _rows.gemv_q8(w.fmt, w.raw2d, x, target, min(m, _n_chunks), *_q8_buffers(n, k))
+            window = _workers.gemv_q8(pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks, *_q8_buffers(n, k))
         else:
-            _rows.gemv(w.fmt, w.raw2d, x, target, min(m, _n_chunks))
+            window = _workers.gemv(pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks,
+                                   *_gemv_buffers(n, k, threads.n))
+        if window and threads.n > 1:
+            threads.adapt()
         if target is not out:
             out[...] = target
     return out

@@ -4,7 +4,8 @@ Two fixes, both measured (docs/PERF.md, CPU journal): numpy's OpenBLAS 0.3.31 (D
 "Haswell" and runs AVX2 kernels (125 GFLOP/s per core); its AVX-512 "SkylakeX" kernels run 229 GFLOP/s there.
 ``use_avx512_kernels`` re-runs OpenBLAS's own core selection (``gotoblas_dynamic_quit`` / ``_init``, what the
 library does at load) with ``OPENBLAS_CORETYPE=SkylakeX`` when the CPU has AVX-512 but AVX2 kernels were picked
-and the user did not choose a core type. Any other BLAS: both functions do nothing.
+and the user did not choose a core type; called once at the edge (``quanta.prepare_cpu_runtime``), never at
+import. Any other BLAS: both functions do nothing.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def set_threads(n: int) -> None:
         fn(ctypes.c_int(n))
 
 
-def use_avx512_kernels() -> str | None:
-    """Switch an AVX2-only core choice to SkylakeX on an AVX-512 CPU; returns the core name in use (or None)."""
+def use_avx512_kernels(*, user_core_type: str | None) -> str | None:
+    """Switch an AVX2-only core choice to SkylakeX on an AVX-512 CPU unless the user chose a core type (the
+    ``OPENBLAS_CORETYPE`` read at the edge, ``quanta.prepare_cpu_runtime``); returns the core name in use."""
     lib = _library()
     corename = _symbol(lib, "scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename")
     if corename is None:
@@ -47,7 +49,7 @@ def use_avx512_kernels() -> str | None:
     features = set(llvm.get_host_cpu_features().flatten().split(","))
     switch = (
         corename() in AVX2_CORES
-        and "OPENBLAS_CORETYPE" not in os.environ
+        and user_core_type is None
         and all(f"+{f}" in features for f in AVX512_FEATURES)
         and all(hasattr(lib, s) for s in ("gotoblas_dynamic_quit", "gotoblas_dynamic_init", "gotoblas_SKYLAKEX"))
     )

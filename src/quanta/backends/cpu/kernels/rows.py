@@ -1,17 +1,16 @@
-"""The parallel numba kernels: dequantize rows (GEMM tiles, embeddings), fp32 GEMV, q8-activation GEMV.
+"""The numba kernels over weight rows: dequantize rows (GEMM tiles, embeddings), the per-format row dot products.
 
 A weight is its GGUF bytes viewed as ``raw2d`` (m rows x bytes-per-row, uint8, zero-copy). ``fmt`` is a small
 integer code (``FORMAT_CODES``) so one compiled kernel serves every format: the branch on it is taken once per
-row and selects that format's SIMD intrinsic. Work is split over output rows (``prange``), a few contiguous chunks
-per thread, with no synchronisation beyond the end of the loop. Reference: gguf-py's dequantize (tests).
+chunk of rows and selects that format's SIMD intrinsic. The GEMVs split their rows over threads in
+``workers.py``. Reference: gguf-py's dequantize (tests).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from quanta.backends.cpu.kernels.activations import quantize_q8_32
 from quanta.backends.cpu.kernels.dequant_simd import (
     dequant_q4_0_simd, dequant_q4_1_simd, dequant_q4_k_simd, dequant_q5_0_simd, dequant_q5_1_simd,
     dequant_q5_k_simd, dequant_q6_k_simd, dequant_q8_0_simd,
@@ -59,10 +58,11 @@ def dequant_row(fmt, row, block_size, type_size, out):
             dequant_q3_k(row, i * type_size, out, i * block_size)
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True, nogil=True)
 def dequant_rows(fmt, raw2d, rows, block_size, type_size, out):
-    """``out[i] = dequantize(raw2d[rows[i]])``: the rows of a table (embedding)."""
-    for i in prange(rows.shape[0]):
+    """``out[i] = dequantize(raw2d[rows[i]])``: the rows of a table (embedding). Serial: a prompt's rows take
+    ~0.1 ms, and a decode step's one row is not worth an OpenMP region (which waits for every thread)."""
+    for i in range(rows.shape[0]):
         dequant_row(fmt, raw2d[rows[i]], block_size, type_size, out[i])
 
 
@@ -104,24 +104,6 @@ def rows_dot(fmt, raw2d, r0, r1, x, xsum, out, buf):
             out[r] = acc
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def gemv(fmt, raw2d, x, out, n_chunks):
-    """``out[t, r] = dot(x[t], dequantize(raw2d[r]))`` in fp32, parallel over chunks of rows.
-
-    Rows are split into ``n_chunks`` contiguous chunks (a few per thread) so scratch is allocated once per chunk.
-    """
-    m = raw2d.shape[0]
-    n, k = x.shape
-    xsum = np.empty((n, k // 32), np.float32)  # per-32 sums of x, for the block minimums / offsets
-    for t in range(n):
-        for i in range(k // 32):
-            xsum[t, i] = x[t, 32 * i : 32 * i + 32].sum()
-    for c in prange(n_chunks):
-        buf = np.empty(k, np.float32)
-        for t in range(n):
-            rows_dot(fmt, raw2d, c * m // n_chunks, (c + 1) * m // n_chunks, x[t], xsum[t], out[t], buf)
-
-
 @njit
 def rows_dot_q8(fmt, raw2d, r0, r1, xq, xd, xsum, xqsum, out):
     if fmt == 0:
@@ -140,16 +122,3 @@ def rows_dot_q8(fmt, raw2d, r0, r1, xq, xd, xsum, xqsum, out):
         rows_dot_q5_k_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
     else:
         rows_dot_q6_k_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def gemv_q8(fmt, raw2d, x, out, n_chunks, xq, xd, xsum, xqsum):
-    """Fast-mode GEMV (legacy formats and Q4_K/Q5_K/Q6_K): activations quantized to q8 per 32, VNNI dots.
-
-    ``xq`` (n, k) int8 and ``xd``/``xsum``/``xqsum`` (n, k/32) are the caller's scratch: the kernel allocates
-    nothing, so loading it from numba's cache does not import numba's array-allocation module."""
-    m = raw2d.shape[0]
-    quantize_q8_32(x, xq, xd, xsum, xqsum)
-    for c in prange(n_chunks):
-        for t in range(x.shape[0]):
-            rows_dot_q8(fmt, raw2d, c * m // n_chunks, (c + 1) * m // n_chunks, xq[t], xd[t], xsum[t], xqsum[t], out[t])

@@ -1,0 +1,193 @@
+"""Native worker threads for the GEMV: row chunks claimed one at a time, so a descheduled thread stalls nobody.
+
+Why not numba's ``prange``: an OpenMP region ends at a barrier that every thread of the team must reach, so when
+another process holds a core, each of the ~250 regions of a decode step waits for the thread that shares that
+core to be scheduled (issue 32: 0.4 tok/s with two threads against 28 with one). Here the caller publishes a job
+and works on it too; whoever runs claims the next chunk (``compare_exchange`` on a word holding the job's sequence
+number and the next chunk), so the caller waits only for chunks already started. An idle worker spins for
+``SPIN_CYCLES`` (a decode step's GEMVs come every few microseconds), yielding its core to any other runnable
+thread at every poll, then sleeps on a futex until the next job.
+
+Protocol (``ctl``, int64 words a cache line apart; only the caller writes the descriptor ``job``): the caller
+writes ``job``, sets DONE = 0 and CLAIM = seq << CLAIM_BITS, then SEQ = seq, and wakes sleepers. A worker that
+sees a new SEQ claims chunks while CLAIM's upper bits still equal that seq: ``job`` cannot change while a claimed
+chunk is unfinished, so a successful claim also means the descriptor it reads is that job's. The caller returns
+once DONE reaches the chunk count.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+from numba import njit
+
+from quanta.backends.cpu.kernels.activations import quantize_q8_32
+from quanta.backends.cpu.kernels.atomics import (
+    atomic_add, atomic_load, atomic_store, compare_exchange, cycles, f32_array_1d, f32_array_2d, futex_wait,
+    futex_wake, i8_array_2d, i32_array_2d, spin_pause, u8_array_2d, yield_cpu,
+)  # fmt: skip
+from quanta.backends.cpu.kernels.rows import rows_dot, rows_dot_q8
+
+SEQ, CLAIM, DONE, SLEEPERS, QUIT, CALLER_CHUNKS, ALL_CHUNKS, JOBS = (8 * i for i in range(8))
+WINDOW = 128  # jobs between two looks at how the work was shared (a decode step has ~100-250)
+CTL_WORDS = 64
+CLAIM_BITS = 20  # chunks per job < 2**20
+SPIN_CYCLES = 300_000  # an idle worker polls ~100 us (TSC at 2-4 GHz) before it sleeps
+GEMV_Q8, GEMV_F32 = 1, 2
+# job descriptor: kind, format code, chunks, then the weight (address, rows, bytes per row), the activations
+# (rows, k, then the addresses of x or its q8 codes, scales, sums, integer sums), the output and Q2_K/Q3_K scratch
+KIND, FMT, CHUNKS, W, M, ROW_BYTES, N, K, X, XD, XSUM, XQSUM, OUT, BUF = range(14)
+
+
+@njit(nogil=True)
+def _run_chunk(job, c, tid):
+    """Rows ``[c*m/chunks, (c+1)*m/chunks)`` of the job's GEMV, every activation row."""
+    m, n, k = job[M], job[N], job[K]
+    r0, r1 = c * m // job[CHUNKS], (c + 1) * m // job[CHUNKS]
+    raw2d = u8_array_2d(job[W], (m, job[ROW_BYTES]))
+    out = f32_array_2d(job[OUT], (n, m))
+    xsum = f32_array_2d(job[XSUM], (n, k // 32))
+    if job[KIND] == GEMV_Q8:
+        xq = i8_array_2d(job[X], (n, k))
+        xd = f32_array_2d(job[XD], (n, k // 32))
+        xqsum = i32_array_2d(job[XQSUM], (n, k // 32))
+        for t in range(n):
+            rows_dot_q8(job[FMT], raw2d, r0, r1, xq[t], xd[t], xsum[t], xqsum[t], out[t])
+    else:
+        x = f32_array_2d(job[X], (n, k))
+        buf = f32_array_1d(job[BUF] + 4 * k * tid, k)
+        for t in range(n):
+            rows_dot(job[FMT], raw2d, r0, r1, x[t], xsum[t], out[t], buf)
+
+
+@njit(nogil=True)
+def _claim_and_run(ctl, job, tid, seq):
+    """Run chunks of job ``seq`` until none is left; returns how many this thread ran."""
+    ran = 0
+    while True:
+        cur = atomic_load(ctl, CLAIM)
+        c = cur & ((1 << CLAIM_BITS) - 1)
+        if cur >> CLAIM_BITS != seq or c >= job[CHUNKS]:
+            return ran
+        if compare_exchange(ctl, CLAIM, cur, cur + 1):
+            _run_chunk(job, c, tid)
+            atomic_add(ctl, DONE, 1)
+            ran += 1
+
+
+@njit(nogil=True)
+def _run_job(ctl, job):
+    """Publish the descriptor in ``job``, work on it, wait for the chunks other threads started. Returns True
+    every ``WINDOW`` jobs, when the caller may look at how the chunks were shared (``WorkerPool.window_share``)."""
+    seq = ctl[SEQ] + 1
+    atomic_store(ctl, DONE, 0)
+    atomic_store(ctl, CLAIM, seq << CLAIM_BITS)
+    atomic_store(ctl, SEQ, seq)
+    if atomic_load(ctl, SLEEPERS) > 0:
+        futex_wake(ctl, SEQ)
+    ran = _claim_and_run(ctl, job, 0, seq)
+    spins = 0
+    while atomic_load(ctl, DONE) < job[CHUNKS]:  # a started chunk's thread may share our core: let it run
+        spins += 1
+        if spins % 64 == 0:
+            yield_cpu()
+        else:
+            spin_pause()
+    ctl[CALLER_CHUNKS] += ran
+    ctl[ALL_CHUNKS] += job[CHUNKS]
+    ctl[JOBS] += 1
+    return ctl[JOBS] % WINDOW == 0
+
+
+@njit(nogil=True, cache=True)
+def worker_loop(ctl, job, tid, spin_cycles):
+    """A worker thread's life: run the chunks of each new job; sleep after ``spin_cycles`` without one."""
+    seen = atomic_load(ctl, SEQ)
+    idle_since = cycles()
+    while atomic_load(ctl, QUIT) == 0:
+        seq = atomic_load(ctl, SEQ)
+        if seq != seen:
+            seen = seq
+            _claim_and_run(ctl, job, tid, seq)
+            idle_since = cycles()
+        elif cycles() - idle_since < spin_cycles:  # poll, but give the core to any thread that wants it (ours
+            yield_cpu()  # or another process's): a spinning worker must never slow the caller down
+        else:
+            atomic_add(ctl, SLEEPERS, 1)
+            if atomic_load(ctl, SEQ) == seen and atomic_load(ctl, QUIT) == 0:
+                futex_wait(ctl, SEQ, seen)
+            atomic_add(ctl, SLEEPERS, -1)
+            idle_since = cycles()
+
+
+@njit(nogil=True)
+def _describe(job, kind, fmt, chunks, raw2d, x, out, xd, xsum, xqsum, buf):
+    m, row_bytes = raw2d.shape
+    n, k = x.shape
+    job[KIND], job[FMT], job[CHUNKS], job[W], job[M], job[ROW_BYTES] = kind, fmt, chunks, raw2d.ctypes.data, m, row_bytes
+    job[N], job[K], job[X], job[OUT] = n, k, x.ctypes.data, out.ctypes.data
+    job[XD], job[XSUM], job[XQSUM], job[BUF] = xd.ctypes.data, xsum.ctypes.data, xqsum.ctypes.data, buf.ctypes.data
+
+
+@njit(nogil=True, cache=True)
+def gemv_q8(ctl, job, fmt, raw2d, x, out, chunks, xq, xd, xsum, xqsum):
+    """Fast-mode GEMV ``out = q8(x) @ W.T``: activations quantized on the caller (``xq``..``xqsum`` its scratch),
+    then the row chunks shared with the workers. All arrays C-contiguous; the kernel allocates nothing. Returns
+    ``_run_job``'s flag."""
+    quantize_q8_32(x, xq, xd, xsum, xqsum)
+    _describe(job, GEMV_Q8, fmt, chunks, raw2d, xq, out, xd, xsum, xqsum, xqsum)
+    return _run_job(ctl, job)
+
+
+@njit(nogil=True, cache=True)
+def gemv(ctl, job, fmt, raw2d, x, out, chunks, xsum, buf):
+    """fp32 GEMV ``out = x @ dequantize(W).T``; ``xsum`` (n, k/32) and ``buf`` (threads, k) are scratch."""
+    n, k = x.shape
+    for t in range(n):
+        for i in range(k // 32):
+            s = np.float32(0.0)
+            for j in range(32 * i, 32 * i + 32):
+                s += x[t, j]
+            xsum[t, i] = s
+    _describe(job, GEMV_F32, fmt, chunks, raw2d, x, out, xsum, xsum, xsum, buf)
+    return _run_job(ctl, job)
+
+
+@njit(nogil=True, cache=True)
+def _wake_to_quit(ctl):
+    atomic_store(ctl, QUIT, 1)
+    atomic_add(ctl, SEQ, 1)
+    futex_wake(ctl, SEQ)
+
+
+def _stop(ctl: np.ndarray, threads: list[threading.Thread]) -> None:
+    _wake_to_quit(ctl)
+    for t in threads:
+        t.join(timeout=1.0)
+
+
+class WorkerPool:
+    """``threads - 1`` native worker threads that share the caller's GEMVs (``gemv``, ``gemv_q8``)."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.ctl = np.zeros(CTL_WORDS, np.int64)
+        self.job = np.zeros(16, np.int64)
+        self._workers = [threading.Thread(target=worker_loop, args=(self.ctl, self.job, tid, SPIN_CYCLES), daemon=True,
+                                          name=f"quanta-cpu-{tid}") for tid in range(1, threads)]
+        for t in self._workers:
+            t.start()
+        self._stop = weakref.finalize(self, _stop, self.ctl, self._workers)
+        self._last = (0, 0)
+
+    def window_share(self) -> float:
+        """Fraction of the GEMV chunks since the last call that the workers ran (0.0 with none)."""
+        mine, total = int(self.ctl[CALLER_CHUNKS]), int(self.ctl[ALL_CHUNKS])
+        d_mine, d_total = mine - self._last[0], total - self._last[1]
+        self._last = (mine, total)
+        return 1.0 - d_mine / d_total if d_total else 0.0
+
+    def close(self) -> None:
+        self._stop()
