@@ -24,7 +24,6 @@ LLAMA_REQ = $(shell grep -m1 -o '"llama-cpp-python[^"]*"' pyproject.toml | tr -d
 
 $(RUN_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) --upgrade pip
 	$(PIP) -e .
 	touch $@
 
