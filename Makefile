@@ -2,6 +2,7 @@
 #   make run         runtime dependencies only (wheels), then the default model generates text
 #   make test        adds the test oracles (llama.cpp, torch, transformers, gguf-py, ...), then the test suite
 #   make bench-deps  adds what `quanta bench --vs llama.cpp --plot FILE` needs
+#   make setup       all of them, running nothing (a developer's environment)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
