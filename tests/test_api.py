@@ -57,11 +57,48 @@ def test_bad_constructor_arguments(smollm2_path):
         quanta.LLM("no-such-model")
 
 
+def test_hostile_api_calls_get_clear_errors(smollm2_path, llm):
+    for model in (123, b"path", 1.5):
+        with pytest.raises(ValueError, match="model must be a path"):
+            quanta.LLM(model)
+    for device in ("cuda:abc", "cpu:1", 3):
+        with pytest.raises(ValueError, match="device"):
+            quanta.LLM(smollm2_path, device=device)
+    with pytest.raises(ValueError, match="unknown LLM option"):
+        quanta.LLM(smollm2_path, max_seq=4)
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        llm.generate([1.0, 2.7])
+    with pytest.raises(ValueError, match="seed"):
+        llm.generate("Hi", seed=-1)
+    with pytest.raises(ValueError, match="repeat_penalty"):
+        llm.generate("Hi", repeat_penalty=1e-30)
+    with pytest.raises(ValueError, match="unknown generation option"):
+        llm.generate("Hi", max_new_tokens=3)
+    assert llm.generate("Hi", max_tokens=3, repeat_penalty=100.0, seed=0).finish_reason in ("stop", "length")
+
+
+def test_a_closed_llm_refuses_to_work(smollm2_path):
+    with quanta.LLM(smollm2_path, n_ctx=64) as closed:
+        pass
+    for call in (lambda: closed.generate("Hi"), lambda: closed.tokenize("Hi"), lambda: closed.logits([1, 2])):
+        with pytest.raises(QuantaError, match="closed"):
+            call()
+
+
+def test_a_list_of_prompts_returns_a_list(llm):
+    prompts = ["Hello", llm.tokenize("The sky is"), "Two plus two is"]
+    results = llm.generate(prompts, max_tokens=4, temperature=0, ignore_eos=True)
+    assert isinstance(results, list) and len(results) == 3  # batched = alone: tests/engine/test_llm_engine.py
+    assert all(len(r.token_ids) == 4 and r.text == llm.detokenize(r.token_ids) for r in results)
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([[]])
+
+
 def test_chat_and_stream_chat(llm):
     msgs = [{"role": "user", "content": "What is 2 + 2?"}]
     r = llm.chat(msgs, max_tokens=16, temperature=0)
     assert r.text and r.finish_reason in ("stop", "length")
-    llm.kv.reset()  # same path as the first call (prefill of the whole prompt, no reused prefix)
+    llm.engine.reset_prefix_cache()  # same path as the first call (prefill of the whole prompt, no reused prefix)
     assert "".join(llm.chat(msgs, stream=True, max_tokens=16, temperature=0)) == r.text
     assert llm.chat_prompt(msgs) == llm.tokenizer.encode_chat(msgs)
 

@@ -1,26 +1,32 @@
-"""The sampler against plain math: supports of top-k / top-p / min-p, penalties, seeds, argument checks."""
+"""The sampler against plain math: supports of top-k / top-p / min-p, penalties, bias, seeds, logprobs, checks."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from quanta.engine.sampler import Sampler, SamplingParams
+from quanta.engine.sampler import SamplingParams, apply_penalties, logprobs_of, sample_row
 
 # probabilities 0.4, 0.3, 0.15, 0.1, 0.05 over ids 3, 0, 4, 1, 2
 PROBS = np.array([0.3, 0.1, 0.05, 0.4, 0.15])
 LOGITS = np.log(PROBS).astype(np.float32)
 
 
+def draws(params: SamplingParams, n: int, logits: np.ndarray = LOGITS) -> list[int]:
+    rng = np.random.default_rng(params.seed)
+    return [sample_row(logits.copy(), params, rng, []) for _ in range(n)]
+
+
 def draw(n: int = 3000, **kw) -> Counter:
-    s = Sampler(SamplingParams(**{"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0, "seed": 5, **kw}))
-    return Counter(s.sample(LOGITS, []) for _ in range(n))
+    return Counter(draws(SamplingParams(**{"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0, "seed": 5,
+                                           **kw}), n))
 
 
 def test_greedy_is_argmax():
-    assert Sampler(SamplingParams(temperature=0)).sample(LOGITS, []) == 3
+    assert draws(SamplingParams(temperature=0), 1) == [3]
 
 
 def test_full_distribution_frequencies():
@@ -53,8 +59,7 @@ def test_temperature_sharpens():
 
 def test_seed_reproduces_and_differs():
     def run(seed):
-        s = Sampler(SamplingParams(temperature=1.0, top_k=0, min_p=0.0, seed=seed))
-        return [s.sample(LOGITS, []) for _ in range(50)]
+        return draws(SamplingParams(temperature=1.0, top_k=0, min_p=0.0, seed=seed), 50)
 
     assert run(7) == run(7)
     assert run(1) != run(2)
@@ -62,19 +67,46 @@ def test_seed_reproduces_and_differs():
 
 def test_penalties_follow_their_formulas():
     logits = np.array([2.0, -1.0, 0.5, 3.0], np.float32)
-    s = Sampler(SamplingParams(repeat_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25))
-    out = s.apply_penalties(logits, [0, 1, 1, 9])
+    p = SamplingParams(repeat_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    out = logits.copy()
+    apply_penalties(out, [0, 1, 1, 9], p)
     np.testing.assert_allclose(out, [2 / 2 - 0.5 - 0.25, -1 * 2 - 0.5 - 0.5, 0.5, 3.0])
-    assert s.apply_penalties(logits, []).tolist() == logits.tolist()
+    out = logits.copy()
+    apply_penalties(out, [], p)
+    assert out.tolist() == logits.tolist()
 
 
 def test_repeat_penalty_window():
-    s = Sampler(SamplingParams(repeat_penalty=2.0, penalty_last_n=2))
-    assert s.apply_penalties(np.array([2.0, 2.0, 2.0], np.float32), [0, 1, 2])[0] == 2.0
+    out = np.array([2.0, 2.0, 2.0], np.float32)
+    apply_penalties(out, [0, 1, 2], SamplingParams(repeat_penalty=2.0, penalty_last_n=2))
+    assert out.tolist() == [2.0, 1.0, 1.0]
+
+
+def test_logit_bias_moves_the_greedy_token():
+    assert draws(SamplingParams(temperature=0, logit_bias={2: 5.0}), 1) == [2]
+    counts = draw(500, logit_bias={1: -1e9})  # a huge negative bias bans the token
+    assert 1 not in counts
+
+
+def test_non_finite_rows_are_refused():
+    params = SamplingParams(temperature=0)
+    assert sample_row(np.array([0.0, np.nan, 1.0], np.float32), params, np.random.default_rng(0), []) == -1
+    assert sample_row(np.array([0.0, np.inf], np.float32), SamplingParams(temperature=1.0),
+                      np.random.default_rng(0), []) == -1
+
+
+def test_logprobs_are_the_models_log_softmax():
+    lp = logprobs_of(LOGITS, 0, 2)
+    assert math.isclose(lp.logprob, math.log(0.3), rel_tol=1e-5)
+    assert [t for t, _ in lp.top] == [3, 0]
+    assert math.isclose(lp.top[0][1], math.log(0.4), rel_tol=1e-5)
+    assert logprobs_of(LOGITS, 4, 0).top == ()
 
 
 @pytest.mark.parametrize("kw", [{"temperature": -0.1}, {"top_p": 1.5}, {"top_k": -1}, {"min_p": -0.1},
-                                {"repeat_penalty": 0}, {"seed": "x"}, {"top_k": 2.5}, {"temperature": "hot"}])
+                                {"repeat_penalty": 0}, {"repeat_penalty": 1e-30}, {"seed": "x"}, {"seed": -1},
+                                {"seed": 2**64}, {"top_k": 2.5}, {"temperature": "hot"}, {"logprobs": 21},
+                                {"logit_bias": {"a": 1.0}}, {"logit_bias": {1: float("nan")}}, {"logit_bias": [1]}])
 def test_bad_arguments(kw):
     with pytest.raises(ValueError):
         SamplingParams(**kw)

@@ -36,8 +36,12 @@ def get_backend(device: str = "auto", *, threads: int | None = None, exact: bool
     imported lazily (torch only for CUDA)."""
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
-    device = resolve_device(str(device))
-    kind = device.split(":")[0]
+    if not isinstance(device, str):
+        raise ValueError(f"device must be a string (one of {', '.join(DEVICES)}, or cuda:N), got {device!r}")
+    device = resolve_device(device)
+    kind, _, index = device.partition(":")
+    if index and not (kind == "cuda" and index.isdigit()):
+        raise ValueError(f"unknown device {device!r} (supported: {', '.join(DEVICES)}, or cuda:N with N a GPU index)")
     if kind == "cpu":
         from quanta.backends.cpu.backend import CPUBackend
 

@@ -81,6 +81,7 @@ class Backend(ABC):
     name: str = "base"
     kv_itemsize: int = 4  # bytes per cached K or V value
     graphs: bool = False  # whether :meth:`capture` records replayable graphs
+    asynchronous: bool = False  # whether work is queued (a device): the engine then queues a step ahead
 
     def free_memory(self) -> int | None:
         """Bytes this device can still allocate, or None where unknown."""
@@ -111,6 +112,15 @@ class Backend(ABC):
                   for f in ("positions", "slots", "token_seq", "block_tables", "seq_lens", "query_starts")}
         return AttentionMetadata(**arrays, n_seqs=host.n_seqs, max_query_len=host.max_query_len,
                                  block_size=host.block_size)
+
+    def feed_tokens(self, ids: np.ndarray, previous: Array | None, source_rows: np.ndarray | None) -> Array:
+        """A forward's token ids as a backend int32 array: ``ids``, except where ``source_rows[i] >= 0``: there, the
+        token ``previous[source_rows[i]]`` that the step before sampled and left on the device (so the next step
+        can be queued before the host has read it). The default reads ``previous`` back (a device backend keeps it
+        on the device)."""
+        if previous is not None and source_rows is not None:
+            ids = np.where(source_rows >= 0, self.to_host(previous)[np.maximum(source_rows, 0)], ids)
+        return self.from_host(np.ascontiguousarray(ids, np.int32))
 
     @abstractmethod
     def rope_table(self, inv_freq: np.ndarray, n_ctx: int) -> Any:

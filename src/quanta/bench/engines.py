@@ -53,7 +53,7 @@ class QuantaEngine:
         self.llm = LLM(model, device=device, threads=threads, n_ctx=n_ctx, exact=exact)
 
     def run(self, prompt: list[int], n_decode: int) -> RunTimes:
-        self.llm.kv.reset()  # an empty context: no prompt-prefix reuse from the previous run
+        self.llm.engine.reset_prefix_cache()  # an empty context: no prompt-prefix reuse from the previous run
         result = self.llm.generate(prompt, max_tokens=n_decode + 1, temperature=0.0, ignore_eos=True)
         s = result.stats
         decode_s = [1.0 / s.decode_tok_s] * n_decode if s.decode_tok_s else []

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-OPS = ("matmul", "matmul_split", "embed", "rms_norm", "rope", "rope_qk", "attention", "silu_mul", "gelu_mul", "add", "scale", "softcap",
-       "softmax", "argmax", "last_row")
+OPS = ("matmul", "matmul_split", "embed", "rms_norm", "rope", "rope_qk", "attention", "silu_mul", "gelu_mul", "add",
+       "scale", "softcap", "gather_rows", "argmax_rows")
 
 
 @contextmanager

@@ -189,7 +189,7 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
                 if cfg.depth:
                     deep[name].append(engine.run(deep_prompt, cfg.decode_tokens))
                     bar.update()
-    kv_itemsize = engines["quanta"].llm.kv.itemsize  # float32, or float16 on the GPU's default mode
+    kv_itemsize = engines["quanta"].llm.backend.kv_itemsize  # float32, or float16 on the GPU's default mode
     report = {"model": str(cfg.model), "device": cfg.device, "threads": cfg.threads,
               "prompt_tokens": cfg.prompt_tokens, "decode_tokens": cfg.decode_tokens, "depth": cfg.depth,
               "repeats": cfg.repeats, "bandwidth_gb_s": bandwidth / 1e9, "file_bytes": shape["file_bytes"],
@@ -234,7 +234,7 @@ def _breakdown(engine: QuantaEngine, prompt: list[int], cfg: BenchConfig) -> dic
     on_gpu = cfg.device == "cuda"
 
     def timed(p: list[int], n: int) -> tuple[dict[str, float], float]:
-        llm.kv.reset()
+        llm.engine.reset_prefix_cache()
         with kernel_timers(llm.backend) if on_gpu else op_timers(llm.backend) as totals:
             t = time.perf_counter()
             llm.generate(p, max_tokens=n + 1, temperature=0.0, ignore_eos=True)

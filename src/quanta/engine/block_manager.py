@@ -125,7 +125,7 @@ class BlockManager:
         while len(table.blocks) > keep:
             self._release(table.blocks.pop())
         full = n_tokens // self.block_size
-        if full < len(table.keys):  # the last kept block becomes partial: it will be written again
+        if n_tokens % self.block_size and full < len(table.keys):  # a kept block turns partial: it is written again
             block = self.blocks[table.blocks[full]]
             assert block.ref_count == 1, "truncating into a shared block"
             if block.key is not None and self._by_key.get(block.key) == block.id:

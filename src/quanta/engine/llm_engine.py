@@ -8,6 +8,7 @@ stop conditions checked). The engine is not thread-safe: one loop (the API's str
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, field
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -17,9 +18,9 @@ from quanta.backends.base import Backend
 from quanta.engine.block_manager import BlockManager, BlockTable
 from quanta.engine.config import EngineConfig
 from quanta.engine.model_runner import ModelRunner
-from quanta.engine.outputs import RequestOutput
-from quanta.engine.sampler import BatchSampler, SamplingParams
-from quanta.engine.scheduler import Scheduler
+from quanta.engine.outputs import RequestOutput, TokenLogprob
+from quanta.engine.sampler import BatchSampler, SamplingParams, on_device
+from quanta.engine.scheduler import ScheduledBatch, Scheduler
 from quanta.engine.sequence import Sequence
 from quanta.engine.stop import StopConditions
 from quanta.errors import ContextOverflowError, QuantaError
@@ -27,6 +28,20 @@ from quanta.models.base import Model
 
 NON_FINITE = ("the model produced non-finite logits (NaN or inf): its weights are probably corrupt "
               "(`quanta inspect --check MODEL` scans them)")
+
+
+@dataclass
+class Launched:
+    """A queued step: its batch, the sequences it samples for, the indices their tokens were reserved at, and the
+    tokens (on the device, or already on the host), with ``rows``: (sequence id, index) → row of ``tokens``."""
+
+    batch: ScheduledBatch
+    sampling: list[Sequence]
+    indices: list[int]
+    tokens: Any = None
+    host_tokens: list[int] | None = None
+    logprobs: list[TokenLogprob | None] | None = None
+    rows: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 class LLMEngine:
@@ -41,6 +56,9 @@ class LLMEngine:
         self.sampler = BatchSampler(backend)
         self.requests: dict[int, Sequence] = {}
         self._ended: list[Sequence] = []  # ended outside a step (aborted, nothing to generate): reported next step
+        self.asynchronous = backend.asynchronous
+        self._on_host = 0  # live requests whose tokens are sampled on the host (no step overlap while any)
+        self._inflight: Launched | None = None
         self._ids = itertools.count()
 
     # ---- requests --------------------------------------------------------------------------------------------
@@ -61,19 +79,21 @@ class LLMEngine:
         if stop.max_tokens == 0:
             seq.finish("length")
             self._ended.append(seq)
-        else:
-            self.scheduler.add(seq)
+            return seq.id
+        if not on_device(seq):
+            self._on_host += 1
+        self.scheduler.add(seq)
         return seq.id
 
     def abort(self, request_id: int) -> None:
         """Stop a request now (its blocks are freed); its last output says ``finish_reason="abort"``."""
         seq = self.requests.get(request_id)
         if seq is not None and not seq.is_finished:
-            self.scheduler.finish(seq, "abort")
+            self._end(seq, "abort")
             self._ended.append(seq)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work() or bool(self._ended)
+        return self.scheduler.has_work() or bool(self._ended) or self._inflight is not None
 
     def release(self, request_id: int) -> Sequence | None:
         """Forget a finished request (its caller has read its result)."""
@@ -81,30 +101,74 @@ class LLMEngine:
 
     # ---- the step --------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One forward over the scheduled batch; an output for each request that gained tokens or finished."""
+        """One forward over the scheduled batch; an output for each request that gained tokens or finished.
+
+        On an asynchronous backend, while every live request is plain greedy, the forward is queued before the
+        previous step's tokens are read (its inputs come from those tokens on the device): the host's work overlaps
+        the device's. A request that stops (end-of-generation token, stop string) is then found one step late; the
+        extra step's token is dropped."""
         outputs = [self._finished(seq) for seq in self._ended]
         self._ended.clear()
+        overlap = self.asynchronous and self._on_host == 0
+        if self._inflight is not None and not overlap:
+            outputs += self._complete(self._inflight)
+            self._inflight = None
         batch = self.scheduler.schedule()
-        if not batch.seqs:
-            return outputs
-        logits = self.runner.run(batch)
+        launched = self._launch(batch) if batch.seqs else None
+        if self._inflight is not None:
+            outputs += self._complete(self._inflight)
+        self._inflight = launched if overlap else None
+        if launched is not None and not overlap:
+            outputs += self._complete(launched)
+        return outputs
+
+    def _launch(self, batch: ScheduledBatch) -> Launched:
+        """Queue ``batch``'s forward and its sampling; each sampling sequence reserves its next token."""
+        previous = self._inflight
+        logits = self.runner.run(batch, previous.tokens if previous else None, previous.rows if previous else None)
         sampling = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
-        tokens, logprobs = self.sampler.sample(logits, sampling) if sampling else ([], [])
         self.scheduler.postprocess(batch)
-        for seq, token, logprob in zip(sampling, tokens, logprobs):
+        launched = Launched(batch, sampling, [seq.reserve() for seq in sampling])
+        if not sampling:
+            return launched
+        if all(on_device(seq) for seq in sampling):
+            launched.tokens = self.backend.argmax_rows(logits)
+        else:
+            launched.host_tokens, launched.logprobs = self.sampler.sample(logits, sampling)
+        launched.rows = {(seq.id, index): row for row, (seq, index) in enumerate(zip(sampling, launched.indices))}
+        return launched
+
+    def _complete(self, launched: Launched) -> list[RequestOutput]:
+        """Read ``launched``'s tokens and hand them to their sequences (stops, text, finishing)."""
+        tokens = launched.host_tokens
+        if tokens is None:
+            tokens = [int(t) for t in self.backend.to_host(launched.tokens)] if launched.sampling else []
+        logprobs = launched.logprobs or [None] * len(tokens)
+        outputs = []
+        for seq, index, token, logprob in zip(launched.sampling, launched.indices, tokens, logprobs):
+            if seq.is_finished:  # stopped a step earlier, or aborted: this token was never asked for
+                continue
             if token < 0:
-                self.scheduler.finish(seq, "error", NON_FINITE)
+                self._end(seq, "error", NON_FINITE)
                 outputs.append(self._finished(seq))
                 continue
-            n_before = seq.num_tokens
-            text = seq.append(token, logprob)
-            new = [token] if seq.num_tokens > n_before else []
+            text = seq.resolve(index, token, logprob)
+            new = [] if token in seq.eog else [token]
+            lps = [logprob] if new and logprob else []
             if seq.finish_reason is not None:
-                self.scheduler.finish(seq, seq.finish_reason)
-                outputs.append(self._finished(seq, new, text, [logprob] if new and logprob else []))
+                self._end(seq, seq.finish_reason)
+                outputs.append(self._finished(seq, new, text, lps))
             else:
-                outputs.append(RequestOutput(seq.id, new, text, logprobs=[logprob] if logprob else []))
+                outputs.append(RequestOutput(seq.id, new, text, logprobs=lps))
+        for seq in launched.batch.seqs:
+            if not seq.is_finished:
+                self.blocks.register_full(seq.table, seq.token_ids, seq.num_computed)
         return outputs
+
+    def _end(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        if not on_device(seq):
+            self._on_host -= 1
+        self.scheduler.finish(seq, reason, error)
 
     @staticmethod
     def _finished(seq: Sequence, new: list[int] | None = None, text: str = "",

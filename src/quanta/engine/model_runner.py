@@ -12,7 +12,9 @@ import numpy as np
 
 from quanta.backends.base import Array, AttentionMetadata, Backend
 from quanta.engine.config import EngineConfig
+from quanta.engine.graphs import DecodeGraphs
 from quanta.engine.scheduler import ScheduledBatch
+from quanta.engine.sequence import PENDING
 from quanta.errors import QuantaError
 from quanta.models.base import Model
 
@@ -44,20 +46,37 @@ class ModelRunner:
         self.model, self.backend, self.block_size = model, backend, config.block_size
         self.n_blocks = pool_blocks(model, backend, config, n_ctx)
         self.cache: Any = backend.kv_cache(model.kv_shape(self.n_blocks, self.block_size))
+        self.graphs = DecodeGraphs(model, backend, self.cache, max_seqs=config.max_seqs, n_ctx=n_ctx,
+                                   block_size=self.block_size, n_blocks=self.n_blocks) if backend.graphs else None
 
-    def run(self, batch: ScheduledBatch) -> Array:
-        """The forward of ``batch``: logits of its sampling sequences' last tokens, in batch order."""
+    def run(self, batch: ScheduledBatch, previous: Array | None = None,
+            pending_rows: dict[tuple[int, int], int] | None = None) -> Array:
+        """The forward of ``batch``: logits of its sampling sequences' last tokens, in batch order. Tokens still
+        ``PENDING`` are the previous step's samples: ``previous[pending_rows[seq id, index]]`` on the device."""
         ids, meta, rows = self.inputs(batch)
-        return self.forward(ids, meta, rows)
+        source = None
+        if pending_rows and (ids == PENDING).any():
+            source = np.full(len(ids), -1, np.int32)
+            o = 0
+            for seq, k in zip(batch.seqs, batch.num_tokens):
+                for i in range(seq.num_computed, seq.num_computed + k):
+                    if seq.token_ids[i] == PENDING:
+                        source[o + i - seq.num_computed] = pending_rows[seq.id, i]
+                o += k
+        if self.graphs is not None and rows is None and source is None:
+            logits = self.graphs.run(ids, meta)
+            if logits is not None:
+                return logits  # a decode batch: its captured graph
+        return self.forward(self.backend.feed_tokens(ids, previous, source), meta, rows)
 
-    def forward(self, ids: np.ndarray, meta: AttentionMetadata, rows: np.ndarray | None) -> Array:
-        """The model on explicit host inputs (``rows``: which tokens need logits; None: all)."""
+    def forward(self, ids: Array, meta: AttentionMetadata, rows: np.ndarray | None) -> Array:
+        """The model on explicit inputs: backend token ids, host placement (``rows``: which tokens need logits;
+        None: all)."""
         be = self.backend
-        return self.model.forward(be.from_host(ids), be.metadata(meta), self.cache,
-                                  None if rows is None else be.from_host(rows))
+        return self.model.forward(ids, be.metadata(meta), self.cache, None if rows is None else be.from_host(rows))
 
     def inputs(self, batch: ScheduledBatch) -> tuple[np.ndarray, AttentionMetadata, np.ndarray | None]:
-        """Token ids, placement and logit rows of ``batch`` (host arrays)."""
+        """Token ids (``PENDING`` where not known yet), placement and logit rows of ``batch`` (host arrays)."""
         b = self.block_size
         n, s = batch.total_tokens, len(batch)
         ids = np.empty(n, np.int32)
@@ -96,6 +115,6 @@ class ModelRunner:
             meta = AttentionMetadata(positions, (blocks[0, positions // b] * b + positions % b).astype(np.int32),
                                      np.zeros(k, np.int32), blocks, np.asarray([start + k], np.int32),
                                      np.asarray([0, k], np.int32), 1, k, b)
-            logits = self.forward(np.asarray(token_ids[start:start + k], np.int32), meta, None)
+            logits = self.forward(self.backend.from_host(np.asarray(token_ids[start:start + k], np.int32)), meta, None)
             out[start:start + k] = self.backend.to_host(logits)
         return out

@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -114,6 +114,8 @@ def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.nd
     else:
         pool = None
     values = scaled if pool is None else scaled[pool]
+    if values.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0)
     if 0 < p.top_k < values.size:
         ids = np.argpartition(-values, p.top_k - 1)[: p.top_k]
     else:
@@ -143,25 +145,31 @@ def logprobs_of(raw: np.ndarray, token: int, top: int) -> TokenLogprob:
     return TokenLogprob(token, float(row[token] - log_z), tuple((int(i), float(row[i] - log_z)) for i in best))
 
 
-def sample_row(row: np.ndarray, seq: Sequence) -> int:
-    """The next token of ``seq`` from its logits ``row`` (1-D float32, modified in place); -1 when the row is not
-    finite (a broken model)."""
-    p = seq.params
+def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator, context: Seq[int],
+               constraint: Any = None) -> int:
+    """The next token from a logits ``row`` (1-D float32, modified in place) after ``context`` (the sequence's
+    tokens so far); -1 when the row is not finite (a broken model) or a constraint leaves no token."""
     if not np.isfinite(row.max()):
         return -1
-    if p.logit_bias:
-        ids = np.fromiter((i for i in p.logit_bias if i < row.size), np.int64)
-        row[ids] += np.array([p.logit_bias[int(i)] for i in ids], np.float32)
-    if p.has_penalties:
-        apply_penalties(row, seq.token_ids, p)
-    if seq.constraint is not None:
-        seq.constraint.apply(row)
-    if p.greedy:
-        return int(np.argmax(row))
-    ids, probs = candidates(row, p)
+    if params.logit_bias:
+        ids = np.fromiter((i for i in params.logit_bias if i < row.size), np.int64)
+        row[ids] += np.array([params.logit_bias[int(i)] for i in ids], np.float32)
+    if params.has_penalties:
+        apply_penalties(row, context, params)
+    if constraint is not None:
+        constraint.apply(row)
+    if params.greedy:
+        token = int(np.argmax(row))
+        return token if np.isfinite(row[token]) else -1
+    ids, probs = candidates(row, params)
     if ids.size == 0:
         return -1
-    return int(ids[seq.rng.choice(ids.size, p=probs)]) if ids.size > 1 else int(ids[0])
+    return int(ids[rng.choice(ids.size, p=probs)]) if ids.size > 1 else int(ids[0])
+
+
+def on_device(seq: Sequence) -> bool:
+    """Whether ``seq``'s tokens can be picked on the device: plain greedy, no constraint."""
+    return seq.params.plain_greedy and seq.constraint is None
 
 
 class BatchSampler:
@@ -173,14 +181,14 @@ class BatchSampler:
     def sample(self, logits: Array, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
         """Tokens (and, for sequences that asked, log-probabilities) for ``logits`` row i of ``seqs[i]``; a token of
         -1 marks a row whose logits are not finite."""
-        if all(s.params.plain_greedy and s.constraint is None for s in seqs):
+        if all(on_device(s) for s in seqs):
             return [int(t) for t in self.backend.to_host(self.backend.argmax_rows(logits))], [None] * len(seqs)
         rows = self.backend.to_host(logits)
         tokens: list[int] = []
         logprobs: list[TokenLogprob | None] = []
         for row, seq in zip(rows, seqs):
             raw = row.copy() if seq.params.logprobs is not None else None
-            token = sample_row(np.array(row, np.float32), seq)
+            token = sample_row(np.array(row, np.float32), seq.params, seq.rng, seq.token_ids, seq.constraint)
             tokens.append(token)
             logprobs.append(logprobs_of(raw, token, seq.params.logprobs) if raw is not None and token >= 0 else None)
         return tokens, logprobs

@@ -69,8 +69,8 @@ class Scheduler:
             for seq in list(self.running):
                 if budget == 0:
                     break
-                if seq.in_prefill != prefilling or seq.status is not SequenceStatus.RUNNING:
-                    continue
+                if seq.in_prefill != prefilling or seq.status is not SequenceStatus.RUNNING or seq.at_limit:
+                    continue  # (at its limit: ends when its last token's step completes)
                 n = min(seq.num_tokens - seq.num_computed, budget)
                 if self._make_room(seq, seq.num_computed + n, batch):
                     batch.add(seq, n)
@@ -87,10 +87,10 @@ class Scheduler:
         return batch
 
     def postprocess(self, batch: ScheduledBatch) -> None:
-        """After the forward: the computed tokens hold K/V; their full blocks become shareable."""
+        """Once the forward is queued: the batch's tokens count as computed (their full blocks become shareable
+        when the sampled tokens are known: ``BlockManager.register_full``)."""
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_computed += n
-            self.blocks.register_full(seq.table, seq.token_ids, seq.num_computed)
 
     def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         """End ``seq`` (finished, aborted or failed): out of the queues, its blocks freed."""

@@ -20,11 +20,16 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
+PENDING = -1  # a sampled token whose value is still on the device (resolved when its step completes)
+
+
 class Sequence:
     """A request's prompt and generated ids; ``num_computed`` of them have their K/V in the pool.
 
-    ``append`` takes each sampled token: it detokenizes it (streaming), matches stop strings and sets
-    ``finish_reason`` when a stop condition holds (end-of-generation token, stop string, max_tokens, the context)."""
+    A step that samples for the sequence first ``reserve``s the token's place (its value may still be on the
+    device: the next step can already compute from it); ``resolve`` then takes the value: it detokenizes it
+    (streaming), matches stop strings and sets ``finish_reason`` when a stop condition holds (end-of-generation
+    token, stop string, max_tokens, the context)."""
 
     def __init__(self, seq_id: int, prompt: list[int], params: SamplingParams, stop: StopConditions,
                  decoder: Any, eog: frozenset[int], max_len: int, constraint: Any = None):
@@ -71,8 +76,18 @@ class Sequence:
         """Whether tokens before the last still lack K/V (the prompt, or everything after a preemption)."""
         return self.num_computed < self.num_tokens - 1
 
-    def append(self, token: int, logprob: TokenLogprob | None = None) -> str:
-        """Take the sampled ``token``; returns the text it releases (stop strings held back)."""
+    @property
+    def at_limit(self) -> bool:
+        """Whether the tokens reserved so far already reach max_tokens or the context: nothing more to compute."""
+        return self.num_generated >= self.stop.max_tokens or self.num_tokens > self.max_len
+
+    def reserve(self) -> int:
+        """Make room for a sampled token (``PENDING`` until resolved); returns its index."""
+        self.token_ids.append(PENDING)
+        return len(self.token_ids) - 1
+
+    def resolve(self, index: int, token: int, logprob: TokenLogprob | None = None) -> str:
+        """The value of the token reserved at ``index``; returns the text it releases (stop strings held back)."""
         now = time.perf_counter()
         if self.first_token is None:
             self.first_token = now
@@ -80,9 +95,10 @@ class Sequence:
             self.stats.prefill_s = now - (self.first_scheduled or self.arrival)
         self.last_token = now
         if token in self.eog:
+            del self.token_ids[index:]  # the end-of-generation token (and any step queued after it) is no output
             self.finish_reason = "stop"
             return self._flush()
-        self.token_ids.append(token)
+        self.token_ids[index] = token
         if logprob is not None:
             self.logprobs.append(logprob)
         if self.constraint is not None:
@@ -90,9 +106,12 @@ class Sequence:
         text = self.matcher.push(self.decoder.push(token))
         if self.matcher.stopped or (self.constraint is not None and self.constraint.is_finished):
             self.finish_reason = "stop"
-        elif self.num_generated >= self.stop.max_tokens or self.num_tokens > self.max_len:
+        elif index - self.prompt_len + 1 >= self.stop.max_tokens or index + 1 > self.max_len:
             self.finish_reason = "length"
-        return text + self._flush() if self.finish_reason else text
+        if self.finish_reason:
+            del self.token_ids[index + 1:]
+            return text + self._flush()
+        return text
 
     def finish(self, reason: str, error: str | None = None) -> None:
         """Mark the sequence done (the caller frees its blocks)."""

@@ -56,6 +56,7 @@ class Model:
         """``n_ctx``: the longest sequence (positions) the rotary tables cover."""
         self.config, self.backend, self.n_ctx = config, backend, n_ctx
         self.gguf = gguf
+        self._check_context_fits()
         self.tok_embd = self.matrix("token_embd.weight")
         self.output_norm = self.vector("output_norm.weight")
         # tied embeddings: no output.weight, the embedding matrix doubles as the lm head
@@ -65,6 +66,17 @@ class Model:
         self.layers = [self.fuse_layer(self.load_layer(i)) for i in range(config.n_layers)]
 
     # ---- loading ---------------------------------------------------------------------------------------------
+    def _check_context_fits(self) -> None:
+        """Before anything is allocated: one sequence of n_ctx positions (its KV cache and the rotary tables)
+        against the device's free memory (a context the machine cannot hold is a clear error, not an allocation
+        failure or the OOM killer)."""
+        free = self.backend.free_memory()
+        need = self.kv_shape(self.n_ctx, 1).nbytes(self.backend.kv_itemsize) + self.n_ctx * 4 * self.config.rope_dim
+        if free is not None and need > free:
+            raise QuantaError(f"n_ctx {self.n_ctx:,} needs {need / 2**30:,.1f} GiB for one sequence's KV cache, and "
+                              f"the {self.backend.name} device has {free / 2**30:,.1f} GiB free; lower n_ctx "
+                              f"(--n-ctx)")
+
     def tensor(self, name: str) -> TensorInfo:
         try:
             return self.gguf.tensors[name]

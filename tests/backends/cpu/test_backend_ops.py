@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from quanta.backends import get_backend
-from quanta.backends.base import KVShape
+from quanta.backends.base import AttentionMetadata, KVShape
 from quanta.models.base import rope_inv_freq
 
 RNG = np.random.default_rng(0)
@@ -82,19 +82,42 @@ def attention_reference(q, k_all, v_all, pos, scale, window, softcap):
     return out.reshape(n, h * hd)
 
 
+def placement(seqs: list[tuple[list[int], int, int]], block_size: int) -> AttentionMetadata:
+    """Host metadata for sequences given as (block table, first position, number of tokens)."""
+    positions, slots, token_seq, starts = [], [], [], [0]
+    width = max(len(t) for t, _, _ in seqs)
+    tables = np.zeros((len(seqs), width), np.int32)
+    for j, (table, first, n) in enumerate(seqs):
+        tables[j, :len(table)] = table
+        for p in range(first, first + n):
+            positions.append(p)
+            slots.append(table[p // block_size] * block_size + p % block_size)
+            token_seq.append(j)
+        starts.append(starts[-1] + n)
+    as32 = lambda a: np.asarray(a, np.int32)  # noqa: E731
+    return AttentionMetadata(as32(positions), as32(slots), as32(token_seq), tables,
+                             as32([first + n for _, first, n in seqs]), as32(starts), len(seqs),
+                             max(n for _, _, n in seqs), block_size)
+
+
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (5, 0.0), (0, 20.0)])
-def test_attention_prefill_then_decode(be, window, softcap):
-    n_heads, n_kv, hd, total = 6, 2, 16, 12
-    q, k, v = randn(total, n_heads, hd), randn(total, n_kv, hd), randn(total, n_kv, hd)
-    pos = np.arange(total, dtype=np.int32)
-    ref = attention_reference(q, k, v, pos, 0.25, window, softcap)
-    cache = be.kv_cache(KVShape(1, n_kv, hd, 32))[0]
-    pre = be.attention(q[:8], k[:8], v[:8], cache, pos[:8], scale=0.25, window=window, softcap=softcap)
-    np.testing.assert_allclose(pre, ref[:8], rtol=1e-4, atol=1e-5)
-    for t in range(8, total):
-        row = be.attention(q[t:t + 1], k[t:t + 1], v[t:t + 1], cache, pos[t:t + 1], scale=0.25, window=window,
-                           softcap=softcap)
-        np.testing.assert_allclose(row, ref[t:t + 1], rtol=1e-4, atol=1e-5)
+def test_paged_attention_of_a_batch(be, window, softcap):
+    """Two sequences on scattered blocks of a shared pool: a 9-token prefill (BLAS path) next to a 3-token one
+    (kernel path), then decode steps of both in one batch; each against the naive attention of its own tokens."""
+    n_heads, n_kv, hd, b = 6, 2, 16, 4
+    tables = [[5, 2, 7, 0], [3, 6, 1]]
+    lengths = [13, 9]
+    data = [(randn(n, n_heads, hd), randn(n, n_kv, hd), randn(n, n_kv, hd)) for n in lengths]
+    refs = [attention_reference(q, k, v, np.arange(len(q)), 0.25, window, softcap) for q, k, v in data]
+    cache = be.kv_cache(KVShape(1, n_kv, hd, 8, b))[0]
+    steps = [[(0, 9), (0, 3)]] + [[(9 + i, 1), (3 + i, 1)] for i in range(4)]
+    for step in steps:
+        meta = be.metadata(placement([(tables[j], first, n) for j, (first, n) in enumerate(step)], b))
+        pick = lambda a, j: a[step[j][0]:step[j][0] + step[j][1]]  # noqa: E731
+        q, k, v = (np.concatenate([pick(data[j][x], j) for j in range(2)]) for x in range(3))
+        out = be.attention(q, k, v, cache, meta, scale=0.25, window=window, softcap=softcap)
+        want = np.concatenate([pick(refs[j], j) for j in range(2)])
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
 
 
 def test_gated_activations_match_torch(be):
@@ -106,7 +129,7 @@ def test_gated_activations_match_torch(be):
     np.testing.assert_allclose(be.gelu_mul(g, u), gelu.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_add_scale_softcap_softmax_argmax(be):
+def test_add_scale_softcap_rows_argmax(be):
     a, b, bias = randn(4, 8), randn(4, 8), randn(8)
     np.testing.assert_allclose(be.add(a.copy(), b), a + b, rtol=1e-6)
     np.testing.assert_allclose(be.add(a.copy(), bias), a + bias, rtol=1e-6)
@@ -116,10 +139,11 @@ def test_add_scale_softcap_softmax_argmax(be):
         be.add(a.copy(), randn(3, 8))
     np.testing.assert_allclose(be.scale(a.copy(), 3.0), a * 3, rtol=1e-6)
     np.testing.assert_allclose(be.softcap(a.copy() * 50, 30.0), 30 * np.tanh(a * 50 / 30), rtol=1e-5, atol=1e-5)
-    sm = be.softmax(a)
-    np.testing.assert_allclose(sm, np.exp(a) / np.exp(a).sum(-1, keepdims=True), rtol=1e-5)
-    assert be.argmax(a[2]) == int(np.argmax(a[2]))
-    assert be.last_row(a).shape == (1, 8)
+    np.testing.assert_array_equal(be.gather_rows(a, np.asarray([3, 1], np.int32)), a[[3, 1]])
+    assert be.argmax_rows(a).tolist() == a.argmax(1).tolist()
+    broken = a.copy()
+    broken[1, 2], broken[3, 0] = np.nan, np.inf
+    assert be.argmax_rows(broken).tolist() == [a[0].argmax(), -1, a[2].argmax(), -1]
 
 
 def test_buffers_are_reused(be):
