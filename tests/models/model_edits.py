@@ -88,7 +88,7 @@ class Model:
         with open(path, "wb") as f:
             f.write(head)
             for t in self.tensors:
-                f.write(t.data.tobytes())
+                f.write(t.data.data)
                 f.write(b"\0" * (-t.data.size % self.alignment))
         return path
 

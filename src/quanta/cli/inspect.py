@@ -83,7 +83,8 @@ def nonfinite_counts(tensor: TensorInfo) -> tuple[int, int] | None:
     nan = inf = 0
     for start in range(0, tensor.nbytes, step):
         raw = tensor.raw[start : start + step]
-        w = dequantize_raw(raw, tensor.type, (raw.size // fmt.type_size * fmt.block_size,), tensor.name)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf scales are what the scan looks for
+            w = dequantize_raw(raw, tensor.type, (raw.size // fmt.type_size * fmt.block_size,), tensor.name)
         nan += int(np.isnan(w).sum())
         inf += int(np.isinf(w).sum())
     return nan, inf

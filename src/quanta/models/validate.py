@@ -89,10 +89,8 @@ def validate(gguf: GGUFFile, config: ModelConfig) -> None:
         for name, shape in tensors.per_layer.items():
             _check_tensor(gguf, _tensor(gguf, f"blk.{i}.{name}", config), shape, dims)
     _check_vocabulary(gguf, config, dims["vocab"])
-    if "rope_freqs.weight" in gguf.tensors and "rope_freqs.weight" in tensors.optional:
-        factors = dequantize(gguf.tensors["rope_freqs.weight"])  # rope_dim / 2 values
-        if not (np.isfinite(factors) & (factors > 0)).all():
-            _fail(gguf, "tensor 'rope_freqs.weight' holds zero, negative or non-finite rope frequency divisors")
+    if "rope_freqs.weight" in tensors.optional:
+        _check_rope_divisors(gguf)
 
 
 def _check_hyperparameters(gguf: GGUFFile, c: ModelConfig) -> None:
@@ -149,6 +147,15 @@ def _check_vocabulary(gguf: GGUFFile, c: ModelConfig, n_vocab: int) -> None:
     if tokens is not None and len(tokens) != n_vocab:
         _fail(gguf, f"the tokenizer has {len(tokens)} tokens (tokenizer.ggml.tokens), but token_embd.weight has "
                     f"{n_vocab} rows")
+
+
+def _check_rope_divisors(gguf: GGUFFile) -> None:
+    """Llama-3's per-frequency divisors (rope_dim / 2 values, read once here): a zero or NaN would turn every
+    rotation angle into inf/NaN."""
+    if "rope_freqs.weight" in gguf.tensors:
+        factors = dequantize(gguf.tensors["rope_freqs.weight"])
+        if not (np.isfinite(factors) & (factors > 0)).all():
+            _fail(gguf, "tensor 'rope_freqs.weight' holds zero, negative or non-finite rope frequency divisors")
 
 
 def _dims(shape: tuple[int, ...]) -> str:
