@@ -21,6 +21,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "quantize": ("quantize", "convert a GGUF file to another quantization type"),
     "synth": ("synth", "write a random-weight model with the shapes of a real one"),
     "bench": ("bench", "measure prefill/decode speed against the roofline (and llama.cpp)"),
+    "serve": ("serve", "serve the model over an OpenAI-compatible HTTP API, with a web chat page"),
 }
 
 

@@ -1,0 +1,6 @@
+"""`quanta serve`: an OpenAI-compatible HTTP server over the batched engine, with a web chat page.
+
+``protocol`` turns request bodies into engine settings (every client mistake a 400), ``responses`` writes
+OpenAI's response and stream-chunk shapes, ``engine_loop`` is the one thread that owns the engine, ``completions``
+serves the two generation endpoints, ``app`` assembles the routes, and ``http`` runs it under uvicorn.
+"""
