@@ -7,8 +7,11 @@ and for the languages of the Lark and GBNF grammars.
 
 from __future__ import annotations
 
+import gc
 import json
 import re
+import time
+import weakref
 
 import jsonschema
 import llguidance
@@ -88,6 +91,8 @@ def test_ll_tokenizer_is_cached_and_pads_to_the_model_vocabulary(tokenizer) -> N
     padded = ll_tokenizer(tokenizer, n + 37)
     assert padded is ll_tokenizer(tokenizer, n + 37) and padded is not ll_tokenizer(tokenizer)
     assert padded.vocab_size == n + 37
+    text = "Hello, wörld!\n  {\"a\": [1, 2]}"
+    assert padded.tokenize_str(text) == tokenizer.encode(text, add_special=False)
     with pytest.raises(ValueError, match="smaller"):
         ll_tokenizer(tokenizer, n - 1)
     constraint = Constraint(Grammar.regex(r"[a-z ]{0,20}"), padded)
@@ -97,6 +102,15 @@ def test_ll_tokenizer_is_cached_and_pads_to_the_model_vocabulary(tokenizer) -> N
     logits = np.zeros(n + 50, np.float32)  # wider than the mask too
     constraint.apply(logits)
     assert np.array_equal(np.isfinite(logits), np.concatenate([allowed, np.zeros(13, bool)]))
+
+
+def test_ll_tokenizer_does_not_keep_its_tokenizer_alive() -> None:
+    tokenizer = quanta.load_tokenizer("smollm2-135m")
+    llt = ll_tokenizer(tokenizer)
+    alive = weakref.ref(tokenizer)
+    del tokenizer, llt
+    gc.collect()
+    assert alive() is None
 
 
 def test_special_tokens_are_never_text(tokenizer) -> None:
@@ -282,3 +296,45 @@ def test_batch_masker_equals_one_mask_at_a_time(tokenizer) -> None:
     logits = np.zeros((64, llt.vocab_size), np.float32)
     apply_bitmask(logits, masks)
     assert np.array_equal(np.isfinite(logits), unpack_mask(masks, llt.vocab_size))
+
+
+# ---- measurement (run as a script) -----------------------------------------------------------------------------
+def mask_seconds_per_step(tokenizer, batch: int, steps: int = 30) -> tuple[float, float]:
+    """Mean seconds per decode step to compute, then to apply, the masks of ``batch`` sequences, each walking
+    a corpus instance token by token (one mask call per step: ``bitmask()`` alone, ``BatchMasker`` for more)."""
+    llt = ll_tokenizer(tokenizer)
+    walks = []  # [constraint, the instance's ids, position]
+    for k in range(batch):
+        case = SCHEMAS[k % len(SCHEMAS)]
+        ids = tokenizer.encode(json.dumps(case.valid, ensure_ascii=False), add_special=False)
+        walks.append([Constraint(Grammar.json_schema(case.schema), llt), ids, 0])
+    masker, logits = BatchMasker(llt.vocab_size), np.zeros((batch, llt.vocab_size), np.float32)
+    computing = applying = 0.0
+    for _ in range(steps):
+        start = time.perf_counter()
+        masks = walks[0][0].bitmask()[None] if batch == 1 else masker.compute([w[0] for w in walks])
+        computing += time.perf_counter() - start
+        start = time.perf_counter()
+        apply_bitmask(logits, masks)
+        applying += time.perf_counter() - start
+        for walk in walks:
+            constraint, ids, position = walk
+            if position < len(ids):
+                constraint.advance(ids[position])
+                walk[2] += 1
+            else:  # walked to its end: start it again
+                walk[0], walk[2] = Constraint(constraint.grammar, llt), 0
+    return computing / steps, applying / steps
+
+
+if __name__ == "__main__":  # PYTHONPATH=src:tests/engine python tests/engine/test_constraint.py
+    for name in MODELS:
+        model = quanta.LLM(name, device="cpu")
+        model.generate("Hi", max_tokens=8, temperature=0)
+        start = time.perf_counter()
+        model.generate("Hi", max_tokens=32, temperature=0, ignore_eos=True)
+        step = (time.perf_counter() - start) / 32
+        for batch in (1, 64):
+            compute, apply = mask_seconds_per_step(model.tokenizer, batch)
+            print(f"{name}: batch {batch:2d}: masks {compute * 1e3:.2f} ms + applying them {apply * 1e3:.2f} ms "
+                  f"per step; one batch-1 decode step {step * 1e3:.1f} ms")

@@ -14,6 +14,7 @@ exactly when the grammar is complete.
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class _GGUFVocab:
 
     def __init__(self, tokenizer: Tokenizer, n_vocab: int):
         vocab = tokenizer.vocab
-        self._tokenizer = tokenizer
+        self._tokenizer = weakref.ref(tokenizer)  # a strong one would keep the cache's key alive forever
         self.tokens = [tokenizer.pieces[i] for i in range(vocab.size)] + [b""] * (n_vocab - vocab.size)
         self.special_token_ids = np.nonzero(vocab.attrs & _SPECIAL_ATTRS)[0].tolist()
         self.eos_token_id = tokenizer.eos_id
@@ -54,15 +55,18 @@ class _GGUFVocab:
     def __call__(self, text: str | bytes) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
+        tokenizer = self._tokenizer()
+        if tokenizer is None:
+            raise RuntimeError("the tokenizer behind this llguidance tokenizer is gone")
         if self._raw_spm:
-            return self._tokenizer.engine.encode([text.replace(" ", "▁")])[0]
-        return self._tokenizer.encode(text, add_special=False)
+            return tokenizer.engine.encode([text.replace(" ", "▁")])[0]
+        return tokenizer.encode(text, add_special=False)
 
 
 def ll_tokenizer(tokenizer: Tokenizer, n_vocab: int | None = None) -> llguidance.LLTokenizer:
     """llguidance's view of ``tokenizer``, with masks of ``n_vocab`` tokens (the model's logits; ids past the
     tokenizer's vocabulary are never allowed). Built once per tokenizer and size (~0.5 s for 49k tokens, ~3 s
-    for 262k) and kept while the tokenizer lives."""
+    for 262k) and kept while the tokenizer lives; use it only while the tokenizer lives (it encodes through it)."""
     n = tokenizer.vocab_size if n_vocab is None else n_vocab
     if n < tokenizer.vocab_size:
         raise ValueError(f"n_vocab {n} is smaller than the tokenizer's vocabulary ({tokenizer.vocab_size})")
@@ -107,10 +111,17 @@ class Grammar:
         return cls._checked(llguidance.LLMatcher.grammar_from_regex(pattern), "regex")
 
     @classmethod
-    def lark(cls, source: str) -> Grammar:
-        """A Lark grammar with llguidance's extensions (``%json {...}``, ``<special>`` tokens, lazy lexemes)."""
+    def lark(cls, source: str, json_schemas: Mapping[str, Mapping[str, Any]] | None = None) -> Grammar:
+        """A Lark grammar with llguidance's extensions (``%json {...}``, ``<special>`` tokens, lazy lexemes);
+        ``json_schemas`` names JSON schemas the grammar uses as ``@name``, each resolving its own ``$ref``s."""
         _require_str(source, "lark")
-        return cls._checked(llguidance.LLMatcher.grammar_from_lark(source), "lark")
+        if not json_schemas:
+            return cls._checked(llguidance.LLMatcher.grammar_from_lark(source), "lark")
+        grammars: list[dict[str, Any]] = [{"lark_grammar": source}]
+        for name, schema in json_schemas.items():
+            compiled = json.loads(cls.json_schema(schema).source)["grammars"][0]
+            grammars.append({**compiled, "name": name})
+        return cls._checked(json.dumps({"grammars": grammars}), "lark")
 
     @classmethod
     def gbnf(cls, source: str) -> Grammar:
