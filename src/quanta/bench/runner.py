@@ -39,6 +39,7 @@ class BenchConfig:
     cold_start: bool = True
     breakdown: bool = True
     busy_cores: int = 0  # competing busy processes during the whole run (contention.py)
+    busy_cores: int = 0  # competing busy processes during the whole run (contention.py)
 
 
 def _spread(values: list[float]) -> dict[str, float]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from quanta.backends.cpu.kernels.legacy_dot_q8 import HAS_VNNI
+from quanta.backends.cpu.kernels.isa import host_isas
 
 SRC = Path(__file__).parents[3] / "src"
 
@@ -54,7 +54,7 @@ def test_a_cached_kernel_loads_without_numbas_registries_and_computes_right():
     assert registries_loaded == "False"  # ...without importing numba's typing/lowering registries (linalg, ...)
 
 
-@pytest.mark.skipif(not HAS_VNNI, reason="the fp32 GEMV (no VNNI) still allocates its scratch inside numba")
+@pytest.mark.skipif(not host_isas(), reason="the fp32 fallback kernels still allocate inside numba")
 def test_generating_imports_neither_numbas_registries_nor_its_allocation_module(smollm2_path):
     """Each costs 20-90 ms of every cold start: a kernel that calls np.empty, reshape or a checked slice copy
     brings numba.np.arrayobj back (its cached environment is rebuilt by importing the module)."""

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from quanta.backends.cpu import qmatmul as qm
+from quanta.backends.cpu.kernels.isa import host_isas
 from quanta.gguf.reader import TensorInfo
 from quanta.quant import quantize
 
-THREADS = qm.CPUThreads(2)
+ON_ISA = {isa: qm.CPUThreads(2, isa=isa) for isa in host_isas()}
 FORMATS_WITH_MIN_OR_OFFSET = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 
 
@@ -30,9 +31,10 @@ def _rel(a: np.ndarray, ref: np.ndarray) -> float:
     return float(np.sqrt(((a - ref) ** 2).mean() / (ref**2).mean()))
 
 
+@pytest.mark.parametrize("isa", list(ON_ISA))
 @pytest.mark.parametrize("type_name", FORMATS_WITH_MIN_OR_OFFSET)
 @pytest.mark.parametrize("n", [1, 12])
-def test_fast_mode_error_is_the_activation_rounding(type_name, n):
+def test_fast_mode_error_is_the_activation_rounding(type_name, n, isa):
     rng = np.random.default_rng(7)
     m, k = 96, 512
     w = (rng.standard_normal((m, k)) * 0.02 + 0.01).astype(np.float32)  # off-centre: minimums matter
@@ -43,5 +45,5 @@ def test_fast_mode_error_is_the_activation_rounding(type_name, n):
     x[:, 3] *= 25  # an outlier channel, as real activations have
     exact = x.astype(np.float64) @ dense.T
     expected = _rel(_q8(x) @ dense.T, exact)
-    got = _rel(qm.qmatmul(x, qm.prepare_weight(tensor), THREADS, exact=False).astype(np.float64), exact)
+    got = _rel(qm.qmatmul(x, qm.prepare_weight(tensor), ON_ISA[isa], exact=False).astype(np.float64), exact)
     assert got <= 1.1 * expected + 1e-6

@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 
 import quanta.gguf as qgguf
+import threading
+
+from quanta.backends.cpu.kernels.isa import ISAS, UnsupportedISAError, host_isas, resolve_isa
 from quanta.backends.cpu.qmatmul import (
     GEMM_MIN_ROWS, Q8_ACTIVATION_TYPES, SPLIT_MIN_ROWS, TILE_BYTES, CPUThreads, prepare_weight, qembed,
     qmatmul as _qmatmul,
@@ -22,6 +25,7 @@ FAST_MAX_TOL, FAST_RMS_TOL = 3e-2, 1.5e-2
 
 
 THREADS = CPUThreads(2)  # a GEMV worker and a prefill thread beside the caller, whatever the machine has
+ON_ISA = {isa: CPUThreads(2, isa=isa) for isa in host_isas()}  # every int8 path this CPU runs (AVX2 everywhere)
 
 
 def qmatmul(x, w, threads: CPUThreads = THREADS, **kwargs):
@@ -135,38 +139,81 @@ def test_gemm_tiles_and_thread_split(m, n):
 
 # ---- the fast-mode int8 prefill GEMM (q8 activations, VNNI): rounds x exactly as llama.cpp's q8_0, and block
 # minimums meet the quantized activations' sums, so it computes q8(x) @ W.T in float64 up to fp32 rounding.
-needs_vnni = pytest.mark.skipif(not Q8_ACTIVATION_TYPES, reason="the int8 GEMM needs AVX512-VNNI")
+needs_int8 = pytest.mark.skipif(not ON_ISA, reason="the int8 kernels need AVX2")
+isas = pytest.mark.parametrize("isa", list(ON_ISA))
 
 
-@needs_vnni
+@needs_int8
+@isas
 @pytest.mark.parametrize("type_name", Q8_ACTIVATION_TYPES)
-def test_int8_gemm_matches_q8_reference(type_name):
+def test_int8_gemm_matches_q8_reference(type_name, isa):
     m, k = (37, 512) if FORMATS[type_name].block_size == 256 else (37, 160)  # a partial 16-row tile
     t = random_tensor(type_name, m, k, seed=7)
     w, ref_w = prepare_weight(t), oracle(t)
     rng = np.random.default_rng(8)
-    for n in (GEMM_MIN_ROWS, 33, 75):  # token counts around the 8-token register tile
+    for n in (1, 3, GEMM_MIN_ROWS, 33, 75):  # the GEMV, and token counts around the GEMM's register tiles
         x = rng.standard_normal((n, k)).astype(np.float32)
         x[0, :32] = 0  # an all-zero activation block (scale 0)
-        y = qmatmul(x, w)
+        y = qmatmul(x, w, ON_ISA[isa])
+        if isa == "avx2" and type_name == "Q8_0" and n >= GEMM_MIN_ROWS:  # its GEMM is the fp32 one (qmatmul)
+            assert rel_err(y, x.astype(np.float64) @ ref_w.T) < EXACT_TOL
+            continue
         q8_ref = q8_round_trip(x) @ ref_w.T
         assert rel_err(y, q8_ref) < 1e-5, (n, rel_err(y, q8_ref))
         assert_fast_close(y, x.astype(np.float64) @ ref_w.T, n)
 
 
-@needs_vnni
+@needs_int8
+@isas
 @pytest.mark.parametrize("type_name", ["Q5_0", "Q6_K", "Q4_K"])
-def test_int8_gemm_prefill_shape_two_threads_and_out(type_name):
+def test_int8_gemm_prefill_shape_two_threads_and_out(type_name, isa):
     """A prefill-sized batch split over two threads, written into a given ``out``."""
     m, k, n = 96, 512, 509
     t = random_tensor(type_name, m, k, seed=9)
     x = np.random.default_rng(10).standard_normal((n, k)).astype(np.float32)
     out = np.full((n, m), np.nan, np.float32)
-    assert qmatmul(x, prepare_weight(t), out=out) is out
+    assert qmatmul(x, prepare_weight(t), ON_ISA[isa], out=out) is out
     ref_w = oracle(t)
     assert rel_err(out, q8_round_trip(x) @ ref_w.T) < 1e-5
     exact = qmatmul(x, prepare_weight(t), exact=True)  # exact mode keeps the fp32 path
     assert rel_err(exact, x.astype(np.float64) @ ref_w.T) < 1e-5
+
+
+def test_two_thread_sets_of_different_sizes_run_side_by_side():
+    """Two backends' threads (one with a worker, one without) used at once from two threads stay independent."""
+    t = random_tensor("Q4_K", 300, 512, seed=11)
+    w, ref_w = prepare_weight(t), oracle(t)
+    x = np.random.default_rng(12).standard_normal((2, 512)).astype(np.float32)
+    want = q8_round_trip(x) @ ref_w.T
+    one, two = CPUThreads(1), CPUThreads(2)
+    errors: list[float] = []
+
+    def work(threads: CPUThreads) -> None:
+        for _ in range(200):
+            errors.append(rel_err(qmatmul(x, w, threads), want))
+
+    runners = [threading.Thread(target=work, args=(th,)) for th in (one, two, one, two)]
+    for r in runners:
+        r.start()
+    for r in runners:
+        r.join()
+    assert len(errors) == 800 and max(errors) < 1e-4
+    assert (one.n, len(one.workers._workers), two.n, len(two.workers._workers)) == (1, 0, 2, 1)
+    assert one.workers.window_share() == 0.0  # it has no workers: the caller ran every chunk
+    one.close()
+    two.close()
+
+
+def test_isa_choice():
+    have = host_isas()
+    assert resolve_isa(None) == (have[-1] if have else None)
+    for isa in have:
+        assert CPUThreads(1, isa=isa).isa == isa
+    with pytest.raises(UnsupportedISAError, match="choose one of"):
+        resolve_isa("sse4")
+    for missing in set(ISAS) - set(have):
+        with pytest.raises(UnsupportedISAError, match="cannot run"):
+            resolve_isa(missing)
 
 
 def test_errors_are_clear():

@@ -39,8 +39,11 @@ def available_cores() -> int:
 class CPUBackend(Backend):
     name = "cpu"
 
-    def __init__(self, *, threads: int | None = None, exact: bool = False):
+    def __init__(self, *, threads: int | None = None, exact: bool = False, isa: str | None = None):
+        """``isa``: the int8 kernels' instruction set ("avx2", "avx_vnni", "avx512_vnni"; None = the fastest this
+        CPU has, kernels/isa.py)."""
         self.exact = exact
+        self.isa = _qmatmul.resolve_isa(isa)
         self.threads = threads or available_cores()
         self.set_threads(self.threads)
         self._buffers: dict[str, np.ndarray] = {}
@@ -50,7 +53,7 @@ class CPUBackend(Backend):
     def set_threads(self, n: int) -> None:
         if getattr(self, "_threads", None) is not None:
             self._threads.close()
-        self._threads = _qmatmul.CPUThreads(n)  # this backend's GEMV workers and prefill pool
+        self._threads = _qmatmul.CPUThreads(n, isa=self.isa)  # this backend's GEMV workers and prefill pool
 
     # ---- loading ---------------------------------------------------------------------------------------------
     def load_weight(self, tensor: TensorInfo) -> _qmatmul.QWeight:

@@ -24,7 +24,7 @@ from quanta.backends.cpu.kernels import openblas
 from quanta.backends.cpu.kernels import rows as _rows
 from quanta.backends.cpu.kernels import workers as _workers
 from quanta.backends.cpu.kernels.gemm_q8_pack import TILE_ROWS, UNIT
-from quanta.backends.cpu.kernels.legacy_dot_q8 import HAS_VNNI
+from quanta.backends.cpu.kernels.isa import PORTABLE, resolve_isa, token
 from quanta.backends.cpu.kernels.workers import WorkerPool
 from quanta.quant.formats import get_format
 
@@ -33,8 +33,9 @@ load_without_refresh(_workers)
 FLOAT_TYPES = ("F32", "F16", "BF16")
 GEMM_MIN_ROWS = 8  # from this many activation rows on, dequantize tiles + sgemm beats the GEMV kernels
 TILE_BYTES = 4 << 20  # fp32 scratch per weight tile (fits L2+L3 alongside the activations)
-# Types whose fast-mode GEMV quantizes activations to q8 (integer VNNI dots); the others stay fp32 in both modes.
-Q8_ACTIVATION_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K") if HAS_VNNI else ()
+# Types whose fast-mode kernels quantize activations to q8 (integer dots) where the CPU has an int8 path
+# (kernels/isa.py); the others stay fp32 in both modes.
+Q8_ACTIVATION_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,7 +73,8 @@ PARTS_PER_THREAD = 4  # prefill work is cut into this many parts per thread, cla
 
 
 class CPUThreads:
-    """The threads of one CPU backend: native GEMV workers (``kernels/workers.py``) and the prefill pool.
+    """The threads of one CPU backend, and the instruction set of their int8 kernels (``isa``: None picks the
+    fastest this CPU has; ``kernels/isa.py``): native GEMV workers (``kernels/workers.py``), the prefill pool.
 
     Both let whichever thread is running take the next piece of work, so a thread that another process keeps off
     its core slows the call down instead of stalling it. OpenBLAS itself stays single-threaded: its idle workers
@@ -80,12 +82,16 @@ class CPUThreads:
     kernels that follow; the prefill work is split over our pool instead (idle threads block, burn 0 ms).
     """
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, *, isa: str | None = None):
+        self.isa = resolve_isa(isa)  # the int8 kernels' instruction set (None: the fp32 kernels only)
+        self.q8_types = Q8_ACTIVATION_TYPES if self.isa else ()
+        self.token = token(self.isa or PORTABLE)
         self.n = max(1, int(n))
         self.numba_threads = max(1, min(self.n, numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self.numba_threads)
         openblas.set_threads(1)
-        self.workers = WorkerPool(self.n)
+        self.workers = WorkerPool(self.n, self.token)
+        self.gemv_lock = threading.Lock()  # one GEMV at a time on the workers (a backend used from two threads)
         self.chunks = 8 * self.n  # GEMV row chunks per call: a few per thread
         self.pool = ThreadPoolExecutor(self.n - 1, thread_name_prefix="quanta-prefill") if self.n > 1 else None
         self.contended = False
@@ -202,8 +208,8 @@ def _gemm(x: np.ndarray, w: QWeight, out: np.ndarray, threads: CPUThreads) -> No
 
 
 def _gemm_int8(x: np.ndarray, w: QWeight, out: np.ndarray, threads: CPUThreads) -> None:
-    """Fast mode: ``out = x @ dequantize(W).T`` with q8 activations and VNNI integer dots (``kernels/gemm_q8``);
-    the activation rows are quantized in parallel, then each thread takes a range of 16-row weight tiles."""
+    """Fast mode: ``out = x @ dequantize(W).T`` with q8 activations and integer dots in ``threads.isa``
+    (``kernels/gemm_q8``); the activation rows are quantized in parallel, then the 16-row weight tiles in parts."""
     (n, k), m, unit = x.shape, w.shape[0], UNIT[w.type]
     n_pad = -(-n // _gemm_q8.TOKENS) * _gemm_q8.TOKENS
     xq = np.zeros((n_pad, k), np.int8)  # rows past n stay zero: padded tokens contribute nothing
@@ -214,8 +220,8 @@ def _gemm_int8(x: np.ndarray, w: QWeight, out: np.ndarray, threads: CPUThreads) 
         _gemm_q8.quantize_activations(x[a:b], xq[a:b], unit, xdu[a:b], xsu[a:b], *_q8_block_stats(b - a, k))
 
     def rows(a: int, b: int) -> None:
-        _gemm_q8.gemm_q8_rows(w.fmt, unit, w.raw2d, a * TILE_ROWS, min(m, b * TILE_ROWS), xq, xdu, xsu, n, out,
-                              *_gemm_q8.gemm_scratch(n_pad, k, unit))
+        _gemm_q8.gemm_q8_rows(threads.token, w.fmt, unit, w.raw2d, a * TILE_ROWS, min(m, b * TILE_ROWS), xq, xdu,
+                              xsu, n, out, *_gemm_q8.gemm_scratch(n_pad, k, unit))
 
     threads.run_parts(quantize, threads.parts(n, n))
     threads.run_parts(rows, threads.parts(-(-m // TILE_ROWS), n))
@@ -225,6 +231,11 @@ def _float_gemm(x: np.ndarray, w: QWeight, out: np.ndarray, threads: CPUThreads)
     """F32/F16/BF16 weights: one conversion, then the activation rows split over the sgemm threads."""
     wt = _float_rows(w, 0, w.shape[0]).T
     threads.run_parts(lambda a, b: np.matmul(x[a:b], wt, out=out[a:b]), threads.parts(x.shape[0], x.shape[0]))
+
+
+def _has_int8_gemm(isa: str | None, type_name: str) -> bool:
+    """Q8_0's +128 codes would saturate AVX2's i16 pair sums in the GEMM (the GEMV keeps them signed)."""
+    return isa is not None and not (isa == "avx2" and type_name == "Q8_0")
 
 
 def _is_f32_c(a: np.ndarray) -> bool:
@@ -250,18 +261,22 @@ def qmatmul(x: np.ndarray, w: QWeight, threads: CPUThreads, *, exact: bool = Fal
         raise ValueError(f"qmatmul: out has shape {out.shape}, expected {(n, m)}")
     if w.fmt < 0:
         _float_gemm(x, w, out, threads)
-    elif n >= GEMM_MIN_ROWS and not exact and w.type in Q8_ACTIVATION_TYPES and _is_f32_c(out):
+    elif (n >= GEMM_MIN_ROWS and not exact and w.type in threads.q8_types and _is_f32_c(out)
+          and _has_int8_gemm(threads.isa, w.type)):
         _gemm_int8(x, w, out, threads)
     elif n >= GEMM_MIN_ROWS:
         _gemm(x, w, out, threads)
     else:  # the GEMV kernels are compiled for C-contiguous float32 outputs only
         target = out if _is_f32_c(out) else np.empty((n, m), np.float32)
         pool, chunks = threads.workers, min(m, threads.chunks)
-        if not exact and w.type in Q8_ACTIVATION_TYPES:
-            window = _workers.gemv_q8(pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks, *_q8_buffers(n, k))
-        else:
-            window = _workers.gemv(pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks,
-                                   *_gemv_buffers(n, k, threads.n))
+        isa = threads.token
+        with threads.gemv_lock:
+            if not exact and w.type in threads.q8_types:
+                window = _workers.gemv_q8(isa, pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks,
+                                          *_q8_buffers(n, k))
+            else:
+                window = _workers.gemv(isa, pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks,
+                                       *_gemv_buffers(n, k, threads.n))
         if window and threads.n > 1:
             threads.adapt()
         if target is not out:

@@ -105,20 +105,21 @@ def rows_dot(fmt, raw2d, r0, r1, x, xsum, out, buf):
 
 
 @njit
-def rows_dot_q8(fmt, raw2d, r0, r1, xq, xd, xsum, xqsum, out):
+def rows_dot_q8(isa, fmt, raw2d, r0, r1, xq, xd, xsum, xqsum, out):
+    """The q8-activation row dots in the instruction set chosen by the type of ``isa`` (``isa.token``)."""
     if fmt == 0:
-        rows_dot_q4_0_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+        rows_dot_q4_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
     elif fmt == 1:
-        rows_dot_q4_1_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+        rows_dot_q4_1_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
     elif fmt == 2:
-        rows_dot_q5_0_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+        rows_dot_q5_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
     elif fmt == 3:
-        rows_dot_q5_1_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+        rows_dot_q5_1_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
     elif fmt == 4:
-        rows_dot_q8_0_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+        rows_dot_q8_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
     elif fmt == 7:
-        rows_dot_q4_k_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+        rows_dot_q4_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
     elif fmt == 8:
-        rows_dot_q5_k_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+        rows_dot_q5_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
     else:
-        rows_dot_q6_k_q8(raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+        rows_dot_q6_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)

@@ -42,7 +42,7 @@ KIND, FMT, CHUNKS, W, M, ROW_BYTES, N, K, X, XD, XSUM, XQSUM, OUT, BUF = range(1
 
 
 @njit(nogil=True)
-def _run_chunk(job, c, tid):
+def _run_chunk(job, c, tid, isa):
     """Rows ``[c*m/chunks, (c+1)*m/chunks)`` of the job's GEMV, every activation row."""
     m, n, k = job[M], job[N], job[K]
     r0, r1 = c * m // job[CHUNKS], (c + 1) * m // job[CHUNKS]
@@ -54,7 +54,7 @@ def _run_chunk(job, c, tid):
         xd = f32_array_2d(job[XD], (n, k // 32))
         xqsum = i32_array_2d(job[XQSUM], (n, k // 32))
         for t in range(n):
-            rows_dot_q8(job[FMT], raw2d, r0, r1, xq[t], xd[t], xsum[t], xqsum[t], out[t])
+            rows_dot_q8(isa, job[FMT], raw2d, r0, r1, xq[t], xd[t], xsum[t], xqsum[t], out[t])
     else:
         x = f32_array_2d(job[X], (n, k))
         buf = f32_array_1d(job[BUF] + 4 * k * tid, k)
@@ -63,7 +63,7 @@ def _run_chunk(job, c, tid):
 
 
 @njit(nogil=True)
-def _claim_and_run(ctl, job, tid, seq):
+def _claim_and_run(ctl, job, tid, seq, isa):
     """Run chunks of job ``seq`` until none is left; returns how many this thread ran."""
     ran = 0
     while True:
@@ -72,13 +72,13 @@ def _claim_and_run(ctl, job, tid, seq):
         if cur >> CLAIM_BITS != seq or c >= job[CHUNKS]:
             return ran
         if compare_exchange(ctl, CLAIM, cur, cur + 1):
-            _run_chunk(job, c, tid)
+            _run_chunk(job, c, tid, isa)
             atomic_add(ctl, DONE, 1)
             ran += 1
 
 
 @njit(nogil=True)
-def _run_job(ctl, job):
+def _run_job(ctl, job, isa):
     """Publish the descriptor in ``job``, work on it, wait for the chunks other threads started. Returns True
     every ``WINDOW`` jobs, when the caller may look at how the chunks were shared (``WorkerPool.window_share``)."""
     seq = ctl[SEQ] + 1
@@ -87,7 +87,7 @@ def _run_job(ctl, job):
     atomic_store(ctl, SEQ, seq)
     if atomic_load(ctl, SLEEPERS) > 0:
         futex_wake(ctl, SEQ)
-    ran = _claim_and_run(ctl, job, 0, seq)
+    ran = _claim_and_run(ctl, job, 0, seq, isa)
     spins = 0
     while atomic_load(ctl, DONE) < job[CHUNKS]:  # a started chunk's thread may share our core: let it run
         spins += 1
@@ -102,15 +102,16 @@ def _run_job(ctl, job):
 
 
 @njit(nogil=True, cache=True)
-def worker_loop(ctl, job, tid, spin_cycles):
-    """A worker thread's life: run the chunks of each new job; sleep after ``spin_cycles`` without one."""
+def worker_loop(ctl, job, tid, spin_cycles, isa):
+    """A worker thread's life: run the chunks of each new job; sleep after ``spin_cycles`` without one. ``isa``
+    (a token of ``isa.py``) selects the int8 kernels, as for the caller's ``gemv_q8``."""
     seen = atomic_load(ctl, SEQ)
     idle_since = cycles()
     while atomic_load(ctl, QUIT) == 0:
         seq = atomic_load(ctl, SEQ)
         if seq != seen:
             seen = seq
-            _claim_and_run(ctl, job, tid, seq)
+            _claim_and_run(ctl, job, tid, seq, isa)
             idle_since = cycles()
         elif cycles() - idle_since < spin_cycles:  # poll, but give the core to any thread that wants it (ours
             yield_cpu()  # or another process's): a spinning worker must never slow the caller down
@@ -132,17 +133,17 @@ def _describe(job, kind, fmt, chunks, raw2d, x, out, xd, xsum, xqsum, buf):
 
 
 @njit(nogil=True, cache=True)
-def gemv_q8(ctl, job, fmt, raw2d, x, out, chunks, xq, xd, xsum, xqsum):
+def gemv_q8(isa, ctl, job, fmt, raw2d, x, out, chunks, xq, xd, xsum, xqsum):
     """Fast-mode GEMV ``out = q8(x) @ W.T``: activations quantized on the caller (``xq``..``xqsum`` its scratch),
     then the row chunks shared with the workers. All arrays C-contiguous; the kernel allocates nothing. Returns
     ``_run_job``'s flag."""
     quantize_q8_32(x, xq, xd, xsum, xqsum)
     _describe(job, GEMV_Q8, fmt, chunks, raw2d, xq, out, xd, xsum, xqsum, xqsum)
-    return _run_job(ctl, job)
+    return _run_job(ctl, job, isa)
 
 
 @njit(nogil=True, cache=True)
-def gemv(ctl, job, fmt, raw2d, x, out, chunks, xsum, buf):
+def gemv(isa, ctl, job, fmt, raw2d, x, out, chunks, xsum, buf):
     """fp32 GEMV ``out = x @ dequantize(W).T``; ``xsum`` (n, k/32) and ``buf`` (threads, k) are scratch."""
     n, k = x.shape
     for t in range(n):
@@ -152,7 +153,7 @@ def gemv(ctl, job, fmt, raw2d, x, out, chunks, xsum, buf):
                 s += x[t, j]
             xsum[t, i] = s
     _describe(job, GEMV_F32, fmt, chunks, raw2d, x, out, xsum, xsum, xsum, buf)
-    return _run_job(ctl, job)
+    return _run_job(ctl, job, isa)
 
 
 @njit(nogil=True, cache=True)
@@ -169,13 +170,15 @@ def _stop(ctl: np.ndarray, threads: list[threading.Thread]) -> None:
 
 
 class WorkerPool:
-    """``threads - 1`` native worker threads that share the caller's GEMVs (``gemv``, ``gemv_q8``)."""
+    """``threads - 1`` native worker threads that share the caller's GEMVs (``gemv``, ``gemv_q8``), whose
+    int8 kernels are those of ``isa`` (a token of ``isa.py``, the one the caller passes too)."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, isa: np.integer):
         self.threads = threads
+        self.isa = isa
         self.ctl = np.zeros(CTL_WORDS, np.int64)
         self.job = np.zeros(16, np.int64)
-        self._workers = [threading.Thread(target=worker_loop, args=(self.ctl, self.job, tid, SPIN_CYCLES), daemon=True,
+        self._workers = [threading.Thread(target=worker_loop, args=(self.ctl, self.job, tid, SPIN_CYCLES, isa), daemon=True,
                                           name=f"quanta-cpu-{tid}") for tid in range(1, threads)]
         for t in self._workers:
             t.start()
