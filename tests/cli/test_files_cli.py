@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import signal
+import stat
+import subprocess
+import sys
+import time
 
 import gguf
 import numpy as np
@@ -11,6 +18,7 @@ import pytest
 from quanta.cli import main as cli
 from quanta.gguf import open_gguf
 from quanta.hub import KNOWN_MODELS
+
 
 @pytest.fixture
 def quanta(capsys):
@@ -129,3 +137,44 @@ def test_synth_cli(quanta, tmp_path):
         assert np.array_equal(f.tensors["blk.0.ffn_up.weight"].raw, first)  # the seed makes it reproducible
     status, _, err = quanta("synth", "qwen2.5-0.5b", str(tmp_path / "t.gguf"), "--type", "Q4_K", "--vocab", "10")
     assert status == 2 and "too small" in err
+
+
+def _quantize_process(src, out, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "quanta", "quantize", str(src), str(out), "--type", "Q8_0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+@pytest.mark.timeout(300)
+def test_an_interrupted_quantize_leaves_no_partial_file(smollm2_path, tmp_path):
+    out = tmp_path / "q8.gguf"
+    partial = tmp_path / "q8.gguf.part"
+    proc = _quantize_process(smollm2_path, out)
+    while not (partial.exists() and partial.stat().st_size > 0) and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C while the file is being written
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert not partial.exists() and not out.exists()
+
+
+def _file_size_limit(n_bytes: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, n_bytes))
+
+
+@pytest.mark.timeout(300)
+def test_a_quantize_that_runs_out_of_space_leaves_no_partial_file(smollm2_path, tmp_path):
+    out = tmp_path / "q8.gguf"
+    out.write_bytes(b"the previous file")
+    proc = _quantize_process(smollm2_path, out, preexec_fn=_file_size_limit(8 << 20))  # writes fail past 8 MiB
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == f"quanta: error: [Errno 27] File too large while writing {out}"
+    assert not (tmp_path / "q8.gguf.part").exists() and out.read_bytes() == b"the previous file"
+
+
+def test_quantize_does_not_replace_a_fifo(quanta, smollm2_path, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    status, _, err = quanta("quantize", str(smollm2_path), str(fifo), "--type", "Q8_0")
+    assert status == 2 and "not a regular file" in err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and not (tmp_path / "fifo.part").exists()

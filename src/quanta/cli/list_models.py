@@ -14,7 +14,7 @@ def run(args: argparse.Namespace) -> int:
 
     from quanta.hub import KNOWN_MODELS, list_cached, quanta_home
 
-    home = getattr(args, "home", None)
+    home = args.home
     models = list_cached(home)
     if args.json:
         print(json.dumps([{"name": n, "bytes": size, "path": str(p)} for n, p, size in models], indent=2))

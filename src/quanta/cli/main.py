@@ -1,15 +1,23 @@
 """The `quanta` command: one module per verb under quanta.cli, each with ``add_parser`` and ``run``.
 
 Verb modules are imported only when their verb runs, so `quanta --help` and light verbs start fast (numba, torch
-and the kernels load only for verbs that compute). User mistakes end with a one-line error, never a traceback.
+and the kernels load only for verbs that compute). The environment is read here, once: ``QUANTA_HOME`` (the
+model cache; checked, then passed down as ``args.home``) and ``QUANTA_DEBUG`` (tracebacks instead of messages).
+Every mistake ends in one line on stderr: `quanta VERB: error: ...` with exit status 2 for a bad command line,
+`quanta: error: ...` for what went wrong while running (2 when the input or the environment is at fault, 1 for
+a bug). The verbs that write files share ``checked_output`` and ``partial_file_removed``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
 import os
 import sys
+from pathlib import Path
+from typing import Iterator, NoReturn
 
 # verb -> (module under quanta.cli, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -24,20 +32,28 @@ VERBS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "serve the model over an OpenAI-compatible HTTP API, with a web chat page"),
 }
 
+# OSErrors the user can act on (disk full, read-only or missing places): exit status 2, not 1
+_ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
+                                 errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ELOOP})
 
-class UserError(Exception):
-    """A mistake the user can fix: printed as `quanta: error: ...` with exit status 2 (1 for runtime failures)."""
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a mistake on one line (`quanta VERB: error: ...`, exit status 2), not with its
+    usage block; the subcommand parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="quanta", description="LLM inference for quantized GGUF models (CPU: numba, GPU: Triton).")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
     sub.required = True
     for verb, (module, help_text) in VERBS.items():
         p = sub.add_parser(verb, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _parser=p)
         _load(module).add_parser(p)
     return parser
 
@@ -52,13 +68,60 @@ def _load(module: str):
     return importlib.import_module(f"quanta.cli.{module}")
 
 
+def checked_output(path: str) -> Path:
+    """``path`` as a file to (re)write: refused when it is a directory or another non-regular file (a FIFO, a
+    device), which writing a file beside it and renaming it over would replace, or when its directory is missing."""
+    out = Path(path)
+    if not path:
+        raise ValueError("the output path is empty")
+    if out.is_dir():
+        raise ValueError(f"the output {out} is a directory; give a file name")
+    if os.path.lexists(out) and not out.is_file():
+        raise ValueError(f"the output {out} exists and is not a regular file (a FIFO, a device or a broken link); "
+                         "quanta only replaces regular files")
+    if not out.parent.is_dir():
+        raise ValueError(f"the output's directory {out.parent} does not exist")
+    return out
+
+
+@contextlib.contextmanager
+def partial_file_removed(out: Path) -> Iterator[None]:
+    """Remove ``OUT.part`` (where quanta's GGUF writer writes before renaming) when writing ``out`` fails or is
+    interrupted: a full disk, Ctrl-C, any error."""
+    try:
+        yield
+    except BaseException as e:
+        Path(f"{out}.part").unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None:  # say which write failed
+            raise OSError(e.errno, f"{e.strerror} while writing {out}") from None
+        raise
+
+
+def _exit_status(e: Exception) -> int:
+    from quanta.errors import is_user_error
+
+    environment = isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS
+    return 2 if is_user_error(e) or environment else 1
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if os.environ.get("QUANTA_HOME"):
-        args.home = os.environ["QUANTA_HOME"]
     try:
+        args, unknown = build_parser().parse_known_args(argv)
+        if unknown:  # reported by the verb's parser, which names the verb
+            args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as e:  # --help, --version, or a mistake already reported
+        return e.code if isinstance(e.code, int) else 0
+    args.home = os.environ.get("QUANTA_HOME") or None
+    try:
+        if args.home is not None:
+            from quanta.hub import check_home
+
+            check_home(args.home)
         return int(_load(args._module).run(args) or 0)
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -68,10 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the single place where errors become messages
         if os.environ.get("QUANTA_DEBUG"):
             raise
-        from quanta.errors import is_user_error
-
-        print(f"quanta: error: {e}", file=sys.stderr)
-        return 2 if is_user_error(e) else 1
+        print(f"quanta: error: {_one_line(e)}", file=sys.stderr)
+        return _exit_status(e)
 
 
 if __name__ == "__main__":

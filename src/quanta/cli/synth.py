@@ -16,17 +16,22 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--type", required=True, choices=SYNTH_TYPES, metavar="T", dest="file_type",
                    help=f"weight type or llama.cpp mix: {', '.join(SYNTH_TYPES)}")
     p.add_argument("--seed", type=int, default=0, help="random seed (weights and tokenizer)")
-    p.add_argument("--layers", type=int, default=None, metavar="N", help="override the layer count (small tests)")
-    p.add_argument("--vocab", type=int, default=None, metavar="N", help="override the vocabulary size")
+    p.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="fewer layers than the preset's (small tests)")
+    p.add_argument("--vocab", type=int, default=None, metavar="N",
+                   help="a smaller vocabulary than the preset's (its special tokens are kept)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from quanta.cli.main import checked_output, partial_file_removed
     from quanta.synth import get_preset, synthesize
 
-    if args.layers is not None and args.layers < 1:
-        raise ValueError("--layers must be at least 1")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    out = checked_output(args.output)
     preset = get_preset(args.preset).with_overrides(layers=args.layers, vocab=args.vocab)
-    result = synthesize(preset, args.output, args.file_type, seed=args.seed)
+    with partial_file_removed(out):
+        result = synthesize(preset, out, args.file_type, seed=args.seed)
     print(f"wrote {result.path}: {preset.name} {args.file_type}, {result.bytes / 2**20:.1f} MiB "
           f"in {result.seconds:.1f} s ({result.gb_per_s:.2f} GB/s)")
     return 0

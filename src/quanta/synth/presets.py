@@ -56,6 +56,12 @@ class ModelPreset:
 
     def with_overrides(self, *, layers: int | None = None, vocab: int | None = None) -> "ModelPreset":
         """A smaller variant for tests: fewer layers and/or a smaller vocabulary (specials are kept)."""
+        if layers is not None and not 1 <= layers <= self.n_layers:
+            raise ValueError(f"--layers must be between 1 and {self.n_layers} ({self.name} has {self.n_layers}), "
+                             f"got {layers}")
+        if vocab is not None and not 1 <= vocab <= self.vocab_size:
+            raise ValueError(f"--vocab must be between 1 and {self.vocab_size:,} ({self.name}'s vocabulary), "
+                             f"got {vocab:,}")
         out = self
         if layers is not None:
             out = replace(out, n_layers=layers)
