@@ -256,13 +256,5 @@ def list_cached(home: str | os.PathLike | None = None) -> list[tuple[str, Path, 
     return [(by_file.get(p.name, p.stem), p, p.stat().st_size) for p in sorted(models_dir.glob("*.gguf"))]
 
 
-def remove_cached(name: str, home: str | os.PathLike | None = None) -> None:
-    path = cached_path(name, home) if name in KNOWN_MODELS else quanta_home(home) / "models" / name
-    if not path.is_file():
-        raise ModelNotFoundError(f"{name!r} is not in the cache")
-    path.unlink()
-    _verified_path(path).unlink(missing_ok=True)
-
-
 __all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "CacheError", "ModelNotFoundError", "PullError", "check_home",
-           "list_cached", "pull_model", "quanta_home", "remove_cached", "resolve_model", "verified_cached"]
+           "list_cached", "pull_model", "quanta_home", "resolve_model", "verified_cached"]
