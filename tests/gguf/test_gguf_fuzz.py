@@ -7,6 +7,7 @@ value types, array lengths, dimensions, ggml types, tensor offsets and the align
 
 from __future__ import annotations
 
+import os
 import struct
 import tracemalloc
 from pathlib import Path
@@ -73,15 +74,27 @@ def scratch(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fuzz") / "case.gguf"
 
 
+def rewrite(path: Path, blob: bytes) -> None:
+    """The file's bytes replaced in place: emptying a file and growing it again (``write_bytes``) costs ~2.5 ms on
+    an ext4 disk, most of a case."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.pwrite(fd, blob, 0)
+        os.ftruncate(fd, len(blob))
+    finally:
+        os.close(fd)
+
+
 def check(path: Path, blob: bytes) -> bool:
-    """Open a mutated file: fine (touching every value and tensor) or GGUFError with an offset. True if it opened."""
-    path.write_bytes(blob)
+    """Open a mutated file: fine (every tensor readable, every value typed) or GGUFError with an offset; True if
+    it opened."""
+    rewrite(path, blob)
     try:
         with open_gguf(path) as f:
             for t in f.tensors.values():
                 assert t.offset + t.nbytes <= len(blob) and t.raw.nbytes == t.nbytes
                 t.raw[-1:].sum()
-            repr(f.metadata)
+            assert f.metadata.keys() == f.metadata_types.keys()  # every value parsed, with its type
         return True
     except GGUFError as e:
         assert e.offset is not None and f"at byte {e.offset}" in str(e), str(e)
@@ -140,7 +153,7 @@ def test_memory_stays_within_the_file_size(samples, scratch):
             off, size = s.numbers[i]
             blob = bytearray(s.blob)
             blob[off : off + size] = (2**(8 * size) - 1 - int(rng.integers(0, 2**20))).to_bytes(size, "little")
-            scratch.write_bytes(bytes(blob))
+            rewrite(scratch, bytes(blob))
             tracemalloc.start()
             try:
                 with open_gguf(scratch):
@@ -159,7 +172,7 @@ def test_alignment_key_values(samples, scratch):
     for v in (0, 1, 2, 16, 31, 48, 64, 2**20, 2**31, 2**32 - 1):
         blob = bytearray(s.blob)
         blob[at : at + 4] = struct.pack("<I", v)
-        scratch.write_bytes(bytes(blob))
+        rewrite(scratch, bytes(blob))
         if v == 64:
             assert check(scratch, bytes(blob))
             continue

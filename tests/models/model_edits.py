@@ -85,11 +85,12 @@ class Model:
             head += struct.pack(f"<{len(t.shape)}Q", *reversed(t.shape))
             head += struct.pack("<IQ", GGML_TYPES_BY_NAME[t.type].id, offset)
         head += b"\0" * (-len(head) % self.alignment)
-        with open(path, "wb") as f:
-            f.write(head)
+        with open(path, "r+b" if path.exists() else "wb") as f:  # rewritten in place: emptying a file first and
+            f.write(head)                                          # growing it again costs more than the write
             for t in self.tensors:
                 f.write(t.data.data)
                 f.write(b"\0" * (-t.data.size % self.alignment))
+            f.truncate()
         return path
 
 
