@@ -39,7 +39,9 @@ class BenchConfig:
     cold_start: bool = True
     breakdown: bool = True
     busy_cores: int = 0  # competing busy processes during the whole run (contention.py)
+    cpu_isa: str | None = None  # the CPU backend's int8 instruction set (None: the fastest the CPU has)
     busy_cores: int = 0  # competing busy processes during the whole run (contention.py)
+    cpu_isa: str | None = None  # the CPU backend's int8 instruction set (None: the fastest the CPU has)
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -163,7 +165,7 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True) -> dict[str, Any]:
     from quanta.bench.contention import busy_cores
 
     with busy_cores(cfg.busy_cores):
-        return {**_run_bench(cfg, progress=progress), "busy_cores": cfg.busy_cores}
+        return {**_run_bench(cfg, progress=progress), "busy_cores": cfg.busy_cores, "cpu_isa": cfg.cpu_isa}
 
 
 def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
@@ -173,7 +175,7 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
     n_ctx = max(cfg.prompt_tokens, cfg.depth) + cfg.decode_tokens + 8
     bandwidth = _bandwidth(cfg)
     engines: dict[str, Any] = {"quanta": QuantaEngine(str(cfg.model), device=cfg.device, threads=cfg.threads,
-                                                      n_ctx=n_ctx, exact=cfg.exact)}
+                                                      n_ctx=n_ctx, exact=cfg.exact, cpu_isa=cfg.cpu_isa)}
     if cfg.vs:
         engines["llama.cpp"] = LlamaCppEngine(cfg.model, threads=cfg.threads, n_ctx=n_ctx)
     runs: dict[str, list[RunTimes]] = {k: [] for k in engines}

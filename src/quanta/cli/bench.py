@@ -18,6 +18,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: available cores)")
     p.add_argument("--vs", choices=("llama.cpp",), default=None, help="measure llama.cpp side by side")
     p.add_argument("--exact", action="store_true", help="quanta's exact fp32 mode instead of the fast mode")
+    p.add_argument("--cpu-isa", choices=("avx2", "avx_vnni", "avx512_vnni"), default=None,
+                   help="force the CPU backend's int8 kernels onto one instruction set (default: the fastest)")
     p.add_argument("--busy-cores", type=int, default=0, metavar="N",
                    help="keep N cores busy with competing processes during the whole run (a shared machine)")
     p.add_argument("--no-cold-start", action="store_true", help="skip the process-start → first-token runs")
@@ -44,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = BenchConfig(model=resolve_model(args.model), device=resolve_device(args.device),
                       prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, depth=args.depth,
                       repeats=args.repeats, threads=threads, vs=args.vs, exact=args.exact,
-                      cold_start=not args.no_cold_start, busy_cores=args.busy_cores)
+                      cold_start=not args.no_cold_start, busy_cores=args.busy_cores,
+                      cpu_isa=args.cpu_isa)
     report = run_bench(cfg, progress=sys.stderr.isatty())
     print(format_table(report))
     if args.json:
