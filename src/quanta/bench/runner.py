@@ -175,7 +175,7 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
     n_ctx = max(cfg.prompt_tokens, cfg.depth) + cfg.decode_tokens + 8
     bandwidth = _bandwidth(cfg)
     engines: dict[str, Any] = {"quanta": QuantaEngine(str(cfg.model), device=cfg.device, threads=cfg.threads,
-                                                      n_ctx=n_ctx, exact=cfg.exact, cpu_isa=cfg.cpu_isa)}
+                                                      n_ctx=n_ctx, exact=cfg.exact, **_isa(cfg))}
     if cfg.vs:
         engines["llama.cpp"] = LlamaCppEngine(cfg.model, threads=cfg.threads, n_ctx=n_ctx)
     runs: dict[str, list[RunTimes]] = {k: [] for k in engines}
@@ -218,6 +218,11 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
         if cfg.cold_start:
             report["cold_start_ratio"] = report["cold_start_s"] / base["cold_start_s"]
     return report
+
+
+def _isa(cfg: BenchConfig) -> dict[str, str]:
+    """``cpu_isa`` for the quanta engine when one is forced (QuantaEngine takes it once wired through LLM)."""
+    return {"cpu_isa": cfg.cpu_isa} if cfg.cpu_isa else {}
 
 
 def _bandwidth(cfg: BenchConfig) -> float:
