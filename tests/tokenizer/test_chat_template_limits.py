@@ -15,7 +15,7 @@ import pytest
 
 TIME_LIMIT = 0.5  # the render budget given to each payload
 MAX_SECONDS = 4.0  # the budget plus slack for a loaded machine
-MAX_RSS_MIB = 160  # what a payload may add to the process's peak resident memory
+MAX_RSS_MIB = 96  # what a payload may add to the process's peak resident memory
 
 BIG = "{% set s = 'x' * 4000000 %}"
 NS = "{% set ns = namespace(s='ab', l=[0], d={'a': 1}, t=(1,), x=3) %}"
@@ -146,6 +146,9 @@ MEMORY = [
     "{{ strftime_now('%c' * 1000000) }}",
     "{{ messages * 100000000 }}",
     BIG + "{{ s|escape }}{{ (s ~ '&')|replace('x', '&')|e }}",
+    BIG + "{% for i in range(100000) %}{% set x = [s ~ i] %}{% endfor %}",
+    BIG + "{% for i in range(100000) %}{% set x = {'k': s ~ i} %}{% set y = dict(k=s ~ i) %}{% endfor %}",
+    BIG + "{% for i in range(100000) %}{% set x = namespace(k=s ~ i) %}{% set y = (s ~ i,) %}{% endfor %}",
     BIG + "{{ [s] ~ [s] }}",
     BIG + "{{ (s, s, s, s, s) }}",
     BIG + "{{ {'a': s, 'b': s} }}",

@@ -112,7 +112,7 @@ class ChatTemplate:
         max_chars = min(max_chars, MAX_OUTPUT)
         chunks = None
         try:
-            with render_budget(self.time_limit):
+            with render_budget(self.time_limit, variables):
                 chunks = self._template.generate(**variables)
                 out, size = [], 0
                 for chunk in chunks:

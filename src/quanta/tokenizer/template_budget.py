@@ -3,9 +3,9 @@
 A template is untrusted input, so a render has a budget: wall-clock time, template steps (calls, loop iterations,
 attribute lookups), characters written by output expressions, and the size of every value it builds. The size of
 a value is its *weight*: characters of its strings, digits of its integers and items of its containers, each
-shared part counted every time it appears (``str``, ``tojson`` and comparisons expand the sharing). Weights of
-containers that cannot change during a render are memoised by the render's budget, so a list of a list of ... of
-one big string costs one step per level, not a walk of the expansion.
+shared part counted every time it appears (``str``, ``tojson`` and comparisons expand the sharing). Weighing walks
+a value (stopping past the limit); only the inputs' weights are computed once per render, so that a template
+building a list of messages does not walk each message again.
 
 The budget of the running render lives in a ``ContextVar``: the checks are reached from code Jinja generates,
 which has no handle on our render, and a context variable is per thread (and per asyncio task), so concurrent
@@ -25,7 +25,7 @@ from quanta.tokenizer.errors import ChatTemplateError
 
 MAX_VALUE = 1 << 22  # weight of any value a template builds
 MAX_OUTPUT = 1 << 22  # characters of the rendered prompt
-MAX_EMITTED = 4 * MAX_OUTPUT  # characters of all output expressions, those captured by macros and set blocks included
+MAX_EMITTED = 4 * MAX_OUTPUT  # characters of all output expressions, captured ones (macros, set blocks) included
 MAX_STEPS = 1 << 22  # calls, filters, loop iterations and lookups of one render
 MAX_COUNT = 100_000  # widths, counts, indents, batch sizes
 MAX_INT_BITS = 1 << 16  # integers a template computes (a squaring loop would otherwise run for minutes)
@@ -35,7 +35,7 @@ _TIME_CHECK_EVERY = 16  # steps between two reads of the clock
 _BIG = 1 << 16  # a value at least this big reads the clock when it is checked
 
 _SCALARS = (bool, float, complex, type(None))
-_FROZEN_CONTAINERS = (list, tuple, dict, set, frozenset)  # immutable inside the sandbox
+_CONTAINERS = (list, tuple, dict, set, frozenset)
 _VIEWS = (type({}.keys()), type({}.values()), type({}.items()))
 
 
@@ -44,13 +44,16 @@ def refused(what: str) -> ChatTemplateError:
 
 
 class RenderBudget:
-    """The running render's limits and counters, and the memo of container weights."""
+    """The running render's limits and counters, and the weights of its inputs' containers."""
 
-    def __init__(self, seconds: float, max_output: int = MAX_OUTPUT):
-        self.seconds, self.max_output = seconds, max_output
+    def __init__(self, seconds: float, inputs: Any = ()):
+        self.seconds = seconds
         self.deadline = time.monotonic() + seconds
         self.steps = self.emitted = 0
-        self.weights: dict[int, tuple[Any, int]] = {}  # id -> (the container, kept alive: its id stays its; weight)
+        # id -> weight of every container reachable from the inputs, which live as long as the render (so their
+        # ids stay theirs); what the template builds is never memoised: that would keep it alive
+        self.input_weights: dict[int, int] = {}
+        _Weigher(self, record=True).weigh(inputs, float("inf"))  # complete counts only: never cut short
 
     def step(self) -> None:
         self.steps += 1
@@ -69,13 +72,13 @@ class RenderBudget:
             raise refused(f"its output expressions wrote more than {MAX_EMITTED:,} characters")
 
 
-_active: contextvars.ContextVar[RenderBudget | None] = contextvars.ContextVar("quanta_render_budget", default=None)
+_active: contextvars.ContextVar[RenderBudget | None] = contextvars.ContextVar("quanta_budget", default=None)
 
 
 @contextlib.contextmanager
-def render_budget(seconds: float, max_output: int = MAX_OUTPUT) -> Iterator[RenderBudget]:
-    """Make a fresh budget the current one for the duration of a render."""
-    budget = RenderBudget(seconds, max_output)
+def render_budget(seconds: float, inputs: Any = ()) -> Iterator[RenderBudget]:
+    """Make a fresh budget (for a render of ``inputs``) the current one for the duration of the render."""
+    budget = RenderBudget(seconds, inputs)
     token = _active.set(budget)
     try:
         yield budget
@@ -98,61 +101,63 @@ def emit(chars: int) -> None:
 
 def weight(value: Any) -> int:
     """Characters + digits + items of ``value``, expanded; stops counting somewhere past ``MAX_VALUE``."""
-    budget = _active.get()
-    memo = budget.weights if budget is not None else {}
-    return _Weigher(memo, budget).weigh(value, MAX_VALUE)[0]
+    return _Weigher(_active.get()).weigh(value, MAX_VALUE)
 
 
 class _Weigher:
-    def __init__(self, memo: dict[int, tuple[Any, int]], budget: RenderBudget | None):
-        self.memo, self.budget, self.visits = memo, budget, 0
+    """One weighing: the inputs' weights are looked up, everything else is walked (at most ~``MAX_VALUE`` items,
+    reading the clock as it goes)."""
+
+    def __init__(self, budget: RenderBudget | None, record: bool = False):
+        self.budget, self.record, self.visits = budget, record, 0
+        self.memo = budget.input_weights if budget is not None else {}
         self.open_namespaces: set[int] = set()
 
-    def weigh(self, value: Any, limit: int) -> tuple[int, bool]:
-        """(weight, frozen): frozen weights cannot change and may be memoised."""
+    def weigh(self, value: Any, limit: float) -> int:
         if isinstance(value, (str, bytes, bytearray)):
-            return len(value), True
+            return len(value)
         if isinstance(value, int):
-            return value.bit_length() // 3 + 1, True  # at least its number of decimal digits
+            return value.bit_length() // 3 + 1  # at least its number of decimal digits
         if isinstance(value, _SCALARS):
-            return 1, True
+            return 1
         key = id(value)
         if key in self.memo:
-            return self.memo[key][1], True
+            return self.memo[key]
         self.visits += 1
-        if self.budget is not None and self.visits % 4096 == 0:
-            self.budget.check_time()
-        if isinstance(value, Namespace):  # the one mutable container: `{% set ns.x = ... %}`
+        if self.visits % 4096 == 0:
+            self._check_time()
+        if isinstance(value, Namespace):
             if key in self.open_namespaces:
                 raise refused("a namespace contains itself")
             self.open_namespaces.add(key)
             try:
                 attrs = object.__getattribute__(value, "_Namespace__attrs")
-                return self._weigh_items(len(attrs), (*attrs.keys(), *attrs.values()), limit)[0], False
+                return self._weigh_items(len(attrs), (*attrs.keys(), *attrs.values()), limit)
             finally:
                 self.open_namespaces.discard(key)
         if isinstance(value, dict):
             items: Any = (*value.keys(), *value.values())
-        elif isinstance(value, (*_FROZEN_CONTAINERS, *_VIEWS)):
+        elif isinstance(value, (*_CONTAINERS, *_VIEWS)):
             items = value
         else:
-            return 0, False  # generators, undefined values, macros, loops: small reprs, never memoised
-        total, frozen = self._weigh_items(len(value), items, limit)
-        if frozen and isinstance(value, _FROZEN_CONTAINERS):
-            self.memo[key] = (value, total)
-        return total, frozen
+            return 0  # generators, undefined values, macros, loops: small reprs
+        total = self._weigh_items(len(value), items, limit)
+        if self.record and isinstance(value, _CONTAINERS):
+            self.memo[key] = total
+        return total
 
-    def _weigh_items(self, total: int, items: Any, limit: int) -> tuple[int, bool]:
-        frozen = True
+    def _weigh_items(self, total: int, items: Any, limit: float) -> int:
         for i, item in enumerate(items):
             if total > limit:
-                return total, False  # a partial count: not memoised
-            if i % 4096 == 4095 and self.budget is not None:
-                self.budget.check_time()
-            w, item_frozen = self.weigh(item, limit - total)
-            total += w
-            frozen = frozen and item_frozen
-        return total, frozen
+                return total
+            if i % 4096 == 4095:
+                self._check_time()
+            total += self.weigh(item, limit - total)
+        return total
+
+    def _check_time(self) -> None:
+        if self.budget is not None and not self.record:
+            self.budget.check_time()
 
 
 def check_size(size: int, what: str) -> None:
