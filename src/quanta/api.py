@@ -16,6 +16,7 @@ import numpy as np
 
 from quanta.engine import EngineConfig, GenerationResult, SamplingParams, StopConditions
 from quanta.engine.generate import drain
+from quanta.engine.speculation import SPECULATIVE_METHODS, SpeculativeConfig
 from quanta.errors import QuantaError
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
@@ -31,7 +32,8 @@ class LLM:
     ``threads``: CPU threads (default: all available cores); ``exact``: fp32 activations everywhere (the reference
     mode) instead of the fast 8-bit activation path. The engine's settings (``max_seqs``, ``max_batched_tokens``,
     ``block_size``, ``kv_blocks``, ``kv_memory``, ``kv_memory_fraction``, ``prefix_caching``) are
-    :class:`quanta.engine.EngineConfig`'s.
+    :class:`quanta.engine.EngineConfig`'s; ``speculative="ngram"`` turns on lossless n-gram speculative decoding
+    (quanta.engine.speculation).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, device: str = "auto", n_ctx: int | None = None,
@@ -40,6 +42,11 @@ class LLM:
             raise ValueError(f"model must be a path or a model name, got {type(model).__name__}")
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2):
             raise ValueError(f"n_ctx must be an integer >= 2, got {n_ctx!r}")
+        spec = engine.pop("speculative", None)
+        if spec is not None:
+            if spec not in SPECULATIVE_METHODS:
+                raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)} or None, got {spec!r}")
+            engine["speculative"] = SpeculativeConfig()
         try:
             config = EngineConfig(**engine)
         except TypeError:

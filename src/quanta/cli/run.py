@@ -20,6 +20,34 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available cores)")
     p.add_argument("--n-ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     p.add_argument("--exact", action="store_true", help="fp32 activations (reference mode; slower)")
+    p.add_argument("--speculative", choices=["ngram"], default=None,
+                   help="lossless speculative decoding: 'ngram' drafts from the text so far (pays on repetitive "
+                        "output: copying, editing, summarising)")
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """The batched engine's settings (quanta.engine.EngineConfig), for verbs that serve many requests."""
+    p.add_argument("--max-seqs", type=int, default=None,
+                   help="sequences decoded together in one step (default: 8 on the CPU, 256 on CUDA)")
+    p.add_argument("--max-batched-tokens", type=int, default=None,
+                   help="tokens per forward: longer prompts prefill in chunks (default: 512 CPU, 2048 CUDA)")
+    p.add_argument("--kv-blocks", type=int, default=None, help="KV-pool size in blocks of 16 tokens")
+    p.add_argument("--kv-memory", type=float, default=None,
+                   help="KV-pool size in GiB (default: room for --max-seqs full contexts, at most 90%% of the "
+                        "device's free memory)")
+    p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of shared prompt prefixes")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``quanta.LLM`` keyword arguments from :func:`add_engine_options`' flags."""
+    kv_memory = getattr(args, "kv_memory", None)
+    if kv_memory is not None and not kv_memory > 0:
+        raise ValueError(f"--kv-memory must be a positive number of GiB, got {kv_memory}")
+    return dict(max_seqs=getattr(args, "max_seqs", None), max_batched_tokens=getattr(args, "max_batched_tokens", None),
+                kv_blocks=getattr(args, "kv_blocks", None),
+                kv_memory=int(kv_memory * 2**30) if kv_memory is not None else None,
+                prefix_caching=not getattr(args, "no_prefix_cache", False),
+                speculative=getattr(args, "speculative", None))
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -47,7 +75,8 @@ def load_llm(args: argparse.Namespace) -> Any:
     from quanta.hub import resolve_model
 
     path = resolve_model(args.model, home=getattr(args, "home", None), progress=True)
-    return LLM(path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact)
+    return LLM(path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
+               **engine_kwargs(args))
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from quanta.engine.speculation import SpeculativeConfig
+
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_SEQS = {"cpu": 8, "cuda": 256}
 DEFAULT_BATCHED_TOKENS = {"cpu": 512, "cuda": 2048}
@@ -20,6 +22,7 @@ class EngineConfig:
     kv_blocks: blocks in the KV pool; else ``kv_memory`` bytes; else room for ``max_seqs`` full contexts, at most
         ``kv_memory_fraction`` of the device's free memory after the weights.
     prefix_caching: full blocks are shared by requests whose tokens up to them are identical.
+    speculative: n-gram speculative decoding's settings (``SpeculativeConfig``), or None (off).
     """
 
     max_seqs: int | None = None
@@ -29,6 +32,7 @@ class EngineConfig:
     kv_memory: int | None = None
     kv_memory_fraction: float = 0.9
     prefix_caching: bool = True
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_batched_tokens", "kv_blocks", "kv_memory"):
@@ -39,6 +43,8 @@ class EngineConfig:
         f = self.kv_memory_fraction
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {f!r}")
+        if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
+            raise ValueError(f"speculative must be a SpeculativeConfig or None, got {self.speculative!r}")
 
 
     def resolved(self, device: str) -> EngineConfig:

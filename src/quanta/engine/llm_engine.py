@@ -22,6 +22,7 @@ from quanta.engine.outputs import RequestOutput, TokenLogprob
 from quanta.engine.sampler import BatchSampler, SamplingParams, on_device
 from quanta.engine.scheduler import ScheduledBatch, Scheduler
 from quanta.engine.sequence import Sequence
+from quanta.engine.speculation import NgramDrafter
 from quanta.engine.stop import StopConditions
 from quanta.errors import ContextOverflowError, QuantaError
 from quanta.models.base import Model
@@ -39,8 +40,8 @@ class Launched:
     sampling: list[Sequence]
     indices: list[int]
     tokens: Any = None
-    host_tokens: list[int] | None = None
-    logprobs: list[TokenLogprob | None] | None = None
+    host_tokens: list[list[int]] | None = None
+    logprobs: list[list[TokenLogprob]] | None = None
     rows: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
@@ -73,8 +74,10 @@ class LLMEngine:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx} (prompt + at least one "
                 f"generated token); shorten the prompt or raise n_ctx")
+        spec = self.config.speculative
+        drafter = NgramDrafter(spec) if spec is not None and constraint is None else None
         seq = Sequence(next(self._ids), prompt, params, stop, self.tokenizer.stream_decoder(skip_special=True),
-                       frozenset(self.tokenizer.eog_ids), self.n_ctx, constraint)
+                       frozenset(self.tokenizer.eog_ids), self.n_ctx, constraint, drafter)
         self.requests[seq.id] = seq
         if stop.max_tokens == 0:
             seq.finish("length")
@@ -127,14 +130,13 @@ class LLMEngine:
         previous = self._inflight
         logits = self.runner.run(batch, previous.tokens if previous else None, previous.rows if previous else None)
         sampling = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
-        self.scheduler.postprocess(batch)
-        launched = Launched(batch, sampling, [seq.reserve() for seq in sampling])
-        if not sampling:
-            return launched
-        if all(on_device(seq) for seq in sampling):
-            launched.tokens = self.backend.argmax_rows(logits)
-        else:
+        launched = Launched(batch, sampling, [])
+        if sampling and all(on_device(seq) for seq in sampling):
+            launched.tokens = self.sampler.on_device(logits)
+        elif sampling:  # before the reservations: penalties read the context
             launched.host_tokens, launched.logprobs = self.sampler.sample(logits, sampling)
+        self.scheduler.postprocess(batch)
+        launched.indices = [seq.reserve() for seq in sampling]
         launched.rows = {(seq.id, index): row for row, (seq, index) in enumerate(zip(sampling, launched.indices))}
         return launched
 
@@ -142,28 +144,49 @@ class LLMEngine:
         """Read ``launched``'s tokens and hand them to their sequences (stops, text, finishing)."""
         tokens = launched.host_tokens
         if tokens is None:
-            tokens = [int(t) for t in self.backend.to_host(launched.tokens)] if launched.sampling else []
-        logprobs = launched.logprobs or [None] * len(tokens)
+            tokens = [[int(t)] if t >= 0 else [] for t in self.backend.to_host(launched.tokens)] \
+                if launched.sampling else []
+        logprobs = launched.logprobs or [[] for _ in tokens]
         outputs = []
-        for seq, index, token, logprob in zip(launched.sampling, launched.indices, tokens, logprobs):
+        for seq, index, new, lps in zip(launched.sampling, launched.indices, tokens, logprobs):
             if seq.is_finished:  # stopped a step earlier, or aborted: this token was never asked for
                 continue
-            if token < 0:
+            if not new:
                 self._end(seq, "error", NON_FINITE)
                 outputs.append(self._finished(seq))
                 continue
-            text = seq.resolve(index, token, logprob)
-            new = [] if token in seq.eog else [token]
-            lps = [logprob] if new and logprob else []
+            if seq.draft:
+                self._settle_draft(seq, len(new) - 1)
+            kept: list[int] = []
+            text = ""
+            for i, token in enumerate(new):
+                text += seq.resolve(index if i == 0 else seq.reserve(), token, lps[i] if lps else None)
+                if token not in seq.eog:
+                    kept.append(token)
+                if seq.finish_reason is not None:
+                    break
+            kept_lps = lps[:len(kept)]
             if seq.finish_reason is not None:
                 self._end(seq, seq.finish_reason)
-                outputs.append(self._finished(seq, new, text, lps))
+                outputs.append(self._finished(seq, kept, text, kept_lps))
             else:
-                outputs.append(RequestOutput(seq.id, new, text, logprobs=lps))
+                outputs.append(RequestOutput(seq.id, kept, text, logprobs=kept_lps))
         for seq in launched.batch.seqs:
             if not seq.is_finished:
                 self.blocks.register_full(seq.table, seq.token_ids, seq.num_computed)
         return outputs
+
+    def _settle_draft(self, seq: Sequence, accepted: int) -> None:
+        """After a verify step: the rejected drafts' K/V are dropped (written past what is kept, in blocks no
+        longer needed, or overwritten by the next tokens)."""
+        rejected = len(seq.draft) - accepted
+        seq.drafter.record(len(seq.draft), accepted)
+        seq.stats.draft_tokens += len(seq.draft)
+        seq.stats.accepted_tokens += accepted
+        seq.stats.verify_steps += 1
+        seq.num_computed -= rejected
+        seq.draft = []
+        self.blocks.truncate(seq.table, seq.num_computed + 1)
 
     def _end(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         if not on_device(seq):

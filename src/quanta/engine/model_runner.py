@@ -59,7 +59,7 @@ class ModelRunner:
             source = np.full(len(ids), -1, np.int32)
             o = 0
             for seq, k in zip(batch.seqs, batch.num_tokens):
-                for i in range(seq.num_computed, seq.num_computed + k):
+                for i in range(seq.num_computed, min(seq.num_computed + k, seq.num_tokens)):
                     if seq.token_ids[i] == PENDING:
                         source[o + i - seq.num_computed] = pending_rows[seq.id, i]
                 o += k
@@ -89,7 +89,7 @@ class ModelRunner:
         o = 0
         for j, (seq, k) in enumerate(zip(batch.seqs, batch.num_tokens)):
             first = seq.num_computed
-            ids[o:o + k] = seq.token_ids[first:first + k]
+            ids[o:o + k] = seq.token_ids[first:first + k] + seq.draft if seq.draft else seq.token_ids[first:first + k]
             positions[o:o + k] = np.arange(first, first + k)
             token_seq[o:o + k] = j
             tables[j, :len(seq.table.blocks)] = seq.table.blocks
@@ -97,7 +97,7 @@ class ModelRunner:
             o += k
             starts[j + 1] = o
             if batch.samples(j):
-                rows.append(o - 1)
+                rows.extend(range(o - 1 - len(seq.draft), o))
         slots = tables[token_seq, positions // b] * b + positions % b
         meta = AttentionMetadata(positions, slots.astype(np.int32), token_seq, tables, seq_lens, starts, s,
                                  int(max(batch.num_tokens)), b)

@@ -13,6 +13,9 @@ class GenerationStats:
     ttft_s: float = 0.0  # request arrival → first generated token (queueing included)
     prefill_s: float = 0.0  # first scheduled → first generated token
     decode_s: float = 0.0  # first token → last token
+    draft_tokens: int = 0  # speculative decoding: draft tokens verified
+    accepted_tokens: int = 0  # ... and kept
+    verify_steps: int = 0  # steps that verified drafts
 
     @property
     def prefill_tok_s(self) -> float:

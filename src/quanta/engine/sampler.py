@@ -105,6 +105,15 @@ def apply_penalties(logits: np.ndarray, context: Seq[int], p: SamplingParams) ->
     logits[ids] = vals - p.presence_penalty - p.frequency_penalty * n
 
 
+def adjust(row: np.ndarray, params: SamplingParams, context: Seq[int]) -> None:
+    """The request's logit bias, then its penalties, applied to ``row`` in place."""
+    if params.logit_bias:
+        ids = np.fromiter((t for t in params.logit_bias if t < row.size), np.int64)
+        row[ids] += np.array([params.logit_bias[int(t)] for t in ids], np.float32)
+    if params.has_penalties:
+        apply_penalties(row, context, params)
+
+
 def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
     """The surviving token ids and their renormalised probabilities (temperature > 0)."""
     scaled = logits.astype(np.float64) / p.temperature
@@ -151,11 +160,7 @@ def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator
     tokens so far); -1 when the row is not finite (a broken model) or a constraint leaves no token."""
     if not np.isfinite(row.max()):
         return -1
-    if params.logit_bias:
-        ids = np.fromiter((i for i in params.logit_bias if i < row.size), np.int64)
-        row[ids] += np.array([params.logit_bias[int(i)] for i in ids], np.float32)
-    if params.has_penalties:
-        apply_penalties(row, context, params)
+    adjust(row, params, context)
     if constraint is not None:
         constraint.apply(row)
     if params.greedy:
@@ -167,29 +172,83 @@ def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator
     return int(ids[rng.choice(ids.size, p=probs)]) if ids.size > 1 else int(ids[0])
 
 
+def verify(rows: np.ndarray, draft: Seq[int], params: SamplingParams, rng: np.random.Generator,
+           context: Seq[int]) -> list[int]:
+    """The tokens to keep from a speculative verify step: ``rows`` are the k + 1 logits rows after the context and
+    after each of the k ``draft`` tokens; returns the kept drafts and one more token; [] for a non-finite row.
+
+    Greedy: draft i is kept while it equals the argmax after the tokens before it, then the argmax after the last
+    kept one is added: exactly the tokens plain greedy decoding produces. Sampling: a draft token x is kept with
+    probability p(x) under the request's own distribution p (bias, penalties and the cut-offs applied); on a
+    rejection the token is drawn from p without x (renormalised); after k kept drafts one more is drawn from the
+    last row. With a deterministic draft this is the standard speculative-sampling rule: the output distribution
+    is p's, draft or no draft."""
+    out: list[int] = []
+    ctx = list(context)
+    for i in range(len(draft) + 1):
+        row = np.array(rows[i], np.float32)
+        if not np.isfinite(row.max()):
+            return []
+        adjust(row, params, ctx)
+        x = draft[i] if i < len(draft) else None
+        if params.greedy:
+            best = int(np.argmax(row))
+            out.append(best)
+            if best != x:
+                break
+            ctx.append(best)
+            continue
+        ids, probs = candidates(row, params)
+        if ids.size == 0:
+            return []
+        hit = np.flatnonzero(ids == x) if x is not None else np.zeros(0, np.int64)
+        if hit.size and rng.random() < probs[hit[0]]:
+            out.append(int(x))
+            ctx.append(int(x))
+            continue
+        if hit.size:  # rejected: draw from p without x
+            probs = probs.copy()
+            probs[hit[0]] = 0.0
+            probs /= probs.sum()
+        out.append(int(ids[rng.choice(ids.size, p=probs)]))
+        break
+    return out
+
+
 def on_device(seq: Sequence) -> bool:
-    """Whether ``seq``'s tokens can be picked on the device: plain greedy, no constraint."""
-    return seq.params.plain_greedy and seq.constraint is None
+    """Whether ``seq``'s tokens can be picked on the device: plain greedy, no constraint, no drafts to verify."""
+    return seq.params.plain_greedy and seq.constraint is None and seq.drafter is None
 
 
 class BatchSampler:
-    """Samples one token for each row of a batch's logits; see the module note."""
+    """Picks the next tokens of each sampling sequence of a batch from its logits rows; see the module note."""
 
     def __init__(self, backend: Backend):
         self.backend = backend
 
-    def sample(self, logits: Array, seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
-        """Tokens (and, for sequences that asked, log-probabilities) for ``logits`` row i of ``seqs[i]``; a token of
-        -1 marks a row whose logits are not finite."""
-        if all(on_device(s) for s in seqs):
-            return [int(t) for t in self.backend.to_host(self.backend.argmax_rows(logits))], [None] * len(seqs)
-        rows = self.backend.to_host(logits)
-        tokens: list[int] = []
-        logprobs: list[TokenLogprob | None] = []
-        for row, seq in zip(rows, seqs):
-            raw = row.copy() if seq.params.logprobs is not None else None
-            token = sample_row(np.array(row, np.float32), seq.params, seq.rng, seq.token_ids, seq.constraint)
-            tokens.append(token)
-            logprobs.append(logprobs_of(raw, token, seq.params.logprobs) if raw is not None and token >= 0 else None)
-        return tokens, logprobs
+    def on_device(self, logits: Array) -> Array:
+        """The greedy token of every row, left on the device (-1 for a non-finite row)."""
+        return self.backend.argmax_rows(logits)
 
+    def sample(self, logits: Array, seqs: list[Sequence]) -> tuple[list[list[int]], list[list[TokenLogprob]]]:
+        """Each sequence's new tokens (and, where asked, their log-probabilities): one from its row, or, for a
+        sequence verifying ``k`` draft tokens, its k + 1 rows' kept drafts and one more (engine/speculation.py).
+        An empty list marks non-finite logits."""
+        rows = self.backend.to_host(logits)
+        tokens: list[list[int]] = []
+        logprobs: list[list[TokenLogprob]] = []
+        r = 0
+        for seq in seqs:
+            k = len(seq.draft)
+            mine = rows[r:r + k + 1]
+            r += k + 1
+            if k:
+                new = verify(mine, seq.draft, seq.params, seq.rng, seq.token_ids)
+            else:
+                token = sample_row(np.array(mine[0], np.float32), seq.params, seq.rng, seq.token_ids,
+                                   seq.constraint)
+                new = [token] if token >= 0 else []
+            tokens.append(new)
+            top = seq.params.logprobs
+            logprobs.append([logprobs_of(mine[i], t, top) for i, t in enumerate(new)] if top is not None else [])
+        return tokens, logprobs

@@ -35,9 +35,10 @@ class ScheduledBatch:
         return sum(self.num_tokens)
 
     def samples(self, i: int) -> bool:
-        """Whether sequence i's chunk reaches its last token (so the forward yields its next token's logits)."""
+        """Whether sequence i's chunk reaches its last token (so the forward yields its next token's logits; with
+        draft tokens after it, theirs too)."""
         seq = self.seqs[i]
-        return seq.num_computed + self.num_tokens[i] == seq.num_tokens
+        return seq.num_computed + self.num_tokens[i] - len(seq.draft) == seq.num_tokens
 
     def add(self, seq: Sequence, n: int) -> None:
         self.seqs.append(seq)
@@ -72,9 +73,14 @@ class Scheduler:
                 if seq.in_prefill != prefilling or seq.status is not SequenceStatus.RUNNING or seq.at_limit:
                     continue  # (at its limit: ends when its last token's step completes)
                 n = min(seq.num_tokens - seq.num_computed, budget)
+                if seq.drafter is not None and not prefilling:
+                    seq.draft = seq.drafter.propose(seq.token_ids, min(seq.room, budget - n))
+                    n += len(seq.draft)
                 if self._make_room(seq, seq.num_computed + n, batch):
                     batch.add(seq, n)
                     budget -= n
+                else:
+                    seq.draft = []
         # after a preemption, blocks are short: admit nobody this step (a preempted sequence would only churn)
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs and self.preemptions == preempted:
             seq = self.waiting[0]
@@ -126,6 +132,7 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
+        seq.draft = []
         self.running.remove(seq)
         self.blocks.free(seq.table)
         seq.num_computed = 0

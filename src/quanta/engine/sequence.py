@@ -32,7 +32,7 @@ class Sequence:
     token, stop string, max_tokens, the context)."""
 
     def __init__(self, seq_id: int, prompt: list[int], params: SamplingParams, stop: StopConditions,
-                 decoder: Any, eog: frozenset[int], max_len: int, constraint: Any = None):
+                 decoder: Any, eog: frozenset[int], max_len: int, constraint: Any = None, drafter: Any = None):
         self.id = seq_id
         self.token_ids = list(prompt)
         self.prompt_len = len(prompt)
@@ -46,6 +46,8 @@ class Sequence:
         self.eog = frozenset() if stop.ignore_eos else eog
         self.max_len = max_len  # positions the context holds (the last token generated needs no K/V)
         self.constraint = constraint
+        self.drafter = drafter  # speculative decoding (engine/speculation.py), or None
+        self.draft: list[int] = []  # this step's draft tokens, verified after the sequence's last token
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[TokenLogprob] = []
@@ -81,6 +83,11 @@ class Sequence:
         """Whether the tokens reserved so far already reach max_tokens or the context: nothing more to compute."""
         return self.num_generated >= self.stop.max_tokens or self.num_tokens > self.max_len
 
+    @property
+    def room(self) -> int:
+        """How many more tokens it may still generate after the next one (the most draft tokens worth verifying)."""
+        return min(self.stop.max_tokens - self.num_generated, self.max_len + 1 - self.num_tokens) - 1
+
     def reserve(self) -> int:
         """Make room for a sampled token (``PENDING`` until resolved); returns its index."""
         self.token_ids.append(PENDING)
@@ -97,6 +104,8 @@ class Sequence:
         if token in self.eog:
             del self.token_ids[index:]  # the end-of-generation token (and any step queued after it) is no output
             self.finish_reason = "stop"
+            if self.drafter is not None:
+                self.drafter.rewind(index)
             return self._flush()
         self.token_ids[index] = token
         if logprob is not None:
@@ -110,6 +119,8 @@ class Sequence:
             self.finish_reason = "length"
         if self.finish_reason:
             del self.token_ids[index + 1:]
+            if self.drafter is not None:
+                self.drafter.rewind(index + 1)
             return text + self._flush()
         return text
 
