@@ -190,6 +190,9 @@ NESTING = [
     "{{ a }}" * 20000,
     "{{ a.b.c + d[0] ~ e|upper }}" * 2300,
     "{{a}}" * 13000,
+    "{{ 'x'|center(100000) }}" * 1000,  # Jinja folds filters of constants while compiling
+    "{{ ('x'|center(100000)) ~ ('x'|center(100000)) }}" * 300,
+    "{% set x = 'x'|center(100000)|replace(' ', 'yy') %}{{ x }}" * 100,
 ]
 
 MALFORMED = [

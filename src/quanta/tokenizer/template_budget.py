@@ -86,6 +86,10 @@ def render_budget(seconds: float, inputs: Any = ()) -> Iterator[RenderBudget]:
         _active.reset(token)
 
 
+def rendering() -> bool:
+    return _active.get() is not None
+
+
 def step() -> None:
     """Count one template step against the current render's budget (no-op outside a render: compile time)."""
     budget = _active.get()

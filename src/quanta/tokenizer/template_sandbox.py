@@ -25,7 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedFormatter
 from markupsafe import EscapeFormatter, Markup
 
 from quanta.tokenizer.template_budget import (
-    MAX_INT_BITS, MAX_VALUE, bounded, check_size, emit, refused, step, text_size, weight,
+    MAX_INT_BITS, MAX_VALUE, bounded, check_size, emit, refused, rendering, step, text_size, weight,
 )
 from quanta.tokenizer.template_estimates import check_filter, format_field_size, method_size, printf_size
 
@@ -267,6 +267,8 @@ def _bounded_filter(name: str, f: Callable) -> Callable:
 
     @functools.wraps(f)  # keeps Jinja's pass_context / pass_eval_context marker
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not rendering():  # Jinja folds filters of constants at compile time, outside any budget: not here
+            raise RuntimeError("filters run only while rendering")
         step()
         args = (*args[:skip], *map(drawn, args[skip:]))
         kwargs = {k: drawn(v) for k, v in kwargs.items()}
