@@ -16,9 +16,9 @@ from constraint_schemas import generate_constrained
 
 import quanta
 from quanta.engine.constraint import Constraint, ll_tokenizer
-from quanta.engine.tool_calls import (GENERIC_JSON, HERMES, LLAMA3_JSON, chosen_functions, parse_tool_calls,
-                                      parse_tools, prepare_chat, template_takes_tools, tool_call_format,
-                                      tool_call_grammar, tools_system_prompt)
+from quanta.engine.tool_calls import (GENERIC_JSON, HERMES, LLAMA3_JSON, ToolCallFormat, chosen_functions,
+                                      parse_tool_calls, parse_tools, prepare_chat, template_takes_tools,
+                                      tool_call_format, tool_call_grammar, tools_system_prompt)
 from quanta.tokenizer.chat_template import ChatTemplate
 
 WEATHER = {"type": "function", "function": {
@@ -119,6 +119,21 @@ def test_call_grammar_per_tool_choice(tokenizer, fmt) -> None:
         assert _accepts(required, tokenizer, _tagged(call, call))
         assert not _accepts(tool_call_grammar(functions, "required", fmt, parallel=False), tokenizer,
                             _tagged(call, call))
+
+
+def test_tags_that_are_control_tokens_are_matched_as_those_tokens(tokenizer) -> None:
+    """A vocabulary whose call tags are control tokens (SmolLM2's ``<|im_start|>`` and ``<file_sep>`` stand in)."""
+    fmt = ToolCallFormat("special", "arguments", "<|im_start|>", "<file_sep>")
+    open_id, close_id = (tokenizer.vocab.token_to_id[t] for t in (fmt.open_tag, fmt.close_tag))
+    body = tokenizer.encode("\n" + CALL % "arguments" + "\n", add_special=False)
+    for choice in ("auto", "required"):
+        grammar = tool_call_grammar(parse_tools(TOOLS), choice, fmt, tokenizer=tokenizer)
+        constraint = Constraint(grammar, ll_tokenizer(tokenizer))
+        text = tokenizer.encode("Sure. " if choice == "auto" else "", add_special=False)
+        ids = text + [open_id] + body + [close_id]
+        assert constraint.valid_prefix(ids) == len(ids), choice
+    spelled = tokenizer.encode(fmt.open_tag, add_special=False)  # the tag's text is not the tag
+    assert Constraint(grammar, ll_tokenizer(tokenizer)).valid_prefix(spelled + body) == 0
 
 
 # ---- parsing ----------------------------------------------------------------------------------------------
