@@ -7,7 +7,8 @@ the activations are rounded to int8 and back before the exact matmul, K and V to
 cached. Each variant scores the same token ids (a long Debian-shipped prose text, cut into independent windows)
 and is compared with exact mode: top-1 agreement (argmax equal), perplexity and its change, mean KL(exact ‖ variant)
 and, where the argmax differs, the median gap between exact mode's two best log-probabilities (flips are near-ties).
-Also scored: the CPU fast mode as it is and llama.cpp (llama-cpp-python, CPU, its defaults: q8 activations, f16 KV).
+Also scored: the CPU fast mode as it is and llama.cpp (llama-cpp-python, CPU, its defaults: q8 activations, f16 KV;
+`make bench-deps` installs it, `--skip llama.cpp` leaves it out).
 
 Uncertainty (±): one standard error over 64-token blocks of the paired per-token differences (blocks absorb the
 correlation between neighbouring tokens); a 95 % interval is about ±2 of them. Int8 rounding is chaotic: any tiny
