@@ -52,7 +52,7 @@ def load(model: Model, path, offsets=None):
         return load_model(f, get_backend("cpu", threads=1), 32)
 
 
-def refused(model: Model, path, match: str, error: type = GGUFError, offsets=None) -> str:
+def refused(model: Model, path, match: str | None, error: type = GGUFError, offsets=None) -> str:
     with pytest.raises(error, match=match) as e:
         load(model, path, offsets)
     assert type(e.value) is error
@@ -219,3 +219,38 @@ def test_from_metadata_turns_any_value_into_a_gguf_error(models, value):
             continue  # optional: the default applies
         with pytest.raises(GGUFError, match=key):
             ModelConfig.from_metadata(bad, 49152)
+
+
+def _shrunk_last(m: Model, name: str) -> Model:
+    m.tensors.append(m.tensors.pop(m.index(name)))
+    return m.retensor(name, shape=(64,))
+
+
+LLAMA_CPP_REFUSES = {  # edits of SmolLM2 that llama.cpp, an independent loader, refuses as well
+    "rope wider than the head": lambda m: m.set("llama.rope.dimension_count", 128),
+    "short norm weight": lambda m: _shrunk_last(m, "output_norm.weight"),
+    "more layers than tensors": lambda m: m.set("llama.block_count", 3),
+    "kv heads against attn_k": lambda m: m.set("llama.attention.head_count_kv", 9),
+    "ffn length against the ffn tensors": lambda m: m.set("llama.feed_forward_length", 1024),
+    "context length as a string": lambda m: m.set("llama.context_length", "8192", STR),
+    "tokens against the embedding": lambda m: m.set("tokenizer.ggml.tokens", m.metadata["tokenizer.ggml.tokens"][:-1])
+    .set("tokenizer.ggml.token_type", m.metadata["tokenizer.ggml.token_type"][:-1]),
+}
+
+
+def _llama_cpp_loads(path) -> bool:
+    """Whether llama.cpp (llama-cpp-python) loads the file, in a process of its own (it may abort on bad files)."""
+    import subprocess
+    import sys
+
+    code = "import sys; from llama_cpp import Llama; Llama(sys.argv[1], n_ctx=32, n_threads=1, verbose=False)"
+    return subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, timeout=300).returncode == 0
+
+
+def test_llama_cpp_refuses_what_we_refuse(edit, tmp_path):
+    pytest.importorskip("llama_cpp")
+    assert _llama_cpp_loads(edit("smollm2").write(tmp_path / "unedited.gguf"))
+    for what, change in LLAMA_CPP_REFUSES.items():
+        path = tmp_path / "m.gguf"
+        refused(change(edit("smollm2")), path, None)
+        assert not _llama_cpp_loads(path), what

@@ -49,6 +49,8 @@ class ModelConfig:
 
     @staticmethod
     def from_metadata(md: dict[str, Any], n_vocab_rows: int) -> ModelConfig:
+        """The config in ``md``; ``n_vocab_rows`` (the embedding's rows) is the vocabulary size where the metadata
+        states none. A missing, mistyped or out-of-range value is a ``GGUFError`` naming its key."""
         arch = md.get("general.architecture")
         if not isinstance(arch, str) or not arch:
             raise GGUFError(f"general.architecture is {arch!r}; expected the architecture's name (a string)")
@@ -73,7 +75,7 @@ class ModelConfig:
             head_dim=head_dim,
             value_dim=hp.count("attention.value_length", head_dim),
             n_ctx_train=hp.count("context_length"),
-            vocab_size=hp.count("vocab_size", n_vocab_rows),
+            vocab_size=hp.count("vocab_size") if hp.key("vocab_size") in md else n_vocab_rows,
             norm_eps=hp.number("attention.layer_norm_rms_epsilon", ok=lambda x: np.float32(x) > 0, expected="> 0"),
             rope_base=hp.number("rope.freq_base", 10000.0, ok=lambda x: x >= 1, expected=">= 1"),
             rope_dim=rope_dim,
