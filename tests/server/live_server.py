@@ -8,6 +8,7 @@ import contextlib
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ class Server:
     url: str
     process: subprocess.Popen
     log: Path
+    stdout: queue.Queue[str]
 
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics: ``name{label="v",...}`` → value (labels sorted)."""
@@ -58,15 +60,18 @@ class Server:
 
 
 @contextlib.contextmanager
-def start_server(model: Path, log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[Server]:
-    log = log_dir / "server.log"
-    cmd = [sys.executable, "-m", "quanta", "serve", "-m", str(model), "--device", "cpu", "--port", "0", *flags]
+def start_server(model: Path, log_dir: Path, *flags: str, env: dict[str, str] | None = None, port: int = 0,
+                 wait: bool = True) -> Iterator[Server]:
+    """`quanta serve` in a subprocess; yields once it printed its URL (``wait``), or at once (then ``port`` must
+    be given). Stopped with SIGTERM on exit (killed if it does not stop)."""
+    log = log_dir / f"server-{port}-{time.monotonic_ns()}.log"
+    cmd = [sys.executable, "-m", "quanta", "serve", "-m", str(model), "--device", "cpu", "--port", str(port), *flags]
     with open(log, "w") as err:
         process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
                                    env={**os.environ, **(env or {})})
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
-    server = None
+    server = None if wait else Server(f"http://127.0.0.1:{port}", process, log, lines)
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while server is None:
@@ -75,7 +80,7 @@ def start_server(model: Path, log_dir: Path, *flags: str, env: dict[str, str] | 
             except queue.Empty:
                 raise AssertionError(f"the server printed no URL in {READY_TIMEOUT_S} s:\n{log.read_text()}") from None
             if " ready at " in line:
-                server = Server(line.split(" ready at ")[1].strip(), process, log)
+                server = Server(line.split(" ready at ")[1].strip(), process, log, lines)
         yield server
     finally:
         if process.poll() is None:
@@ -113,3 +118,9 @@ def sse_events(response: httpx.Response) -> Iterator[str]:
             assert event.startswith("data: "), event
             yield event[len("data: "):]
     assert buffer == "", f"a partial event at the end of the stream: {buffer!r}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

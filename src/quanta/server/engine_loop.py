@@ -78,6 +78,7 @@ class EngineLoop:
         self._preemptions = engine.scheduler.preemptions
         self._thread = threading.Thread(target=self._run, name="quanta-engine", daemon=True)
         metrics.kv_total.set(engine.blocks.n_blocks)
+        metrics.live.set_function(lambda: self._live)  # read when scraped: right even during a long step
 
     # ---- called from the server's event loop ---------------------------------------------------------------
     def start(self) -> None:
@@ -124,6 +125,8 @@ class EngineLoop:
                     elif kind == "submit":
                         self._release(len(arg.choices))
                         self._send(arg, Failed(SHUTTING_DOWN, "shutdown"))
+                self._flush()  # acceptances and refusals go out before the step, not after it
+                self._gauges()
                 if stopping:
                     self._end_all((SHUTTING_DOWN, "shutdown"))
                 elif self.engine.has_unfinished():
@@ -273,7 +276,6 @@ class EngineLoop:
         m, s, b = self.metrics, self.engine.scheduler, self.engine.blocks
         m.queue_depth.set(len(s.waiting))
         m.running.set(len(s.running))
-        m.live.set(self._live)
         m.kv_used.set(b.n_used)
         m.kv_usage.set(b.n_used / b.n_blocks)
         if s.preemptions > self._preemptions:
