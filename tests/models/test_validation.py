@@ -104,7 +104,7 @@ COUNTS = ["block_count", "context_length", "embedding_length", "feed_forward_len
 @pytest.mark.parametrize("value, vtype", [(0, U32), (-1, I32), (2**31, U32), (2**32 - 1, U32), (2**63, U64),
                                           (2**64 - 1, U64)])
 def test_zero_or_huge_counts(edit, tmp_path, key, value, vtype):
-    m = edit("smollm2")
+    m = edit("llama")
     refused(m.set(f"llama.{key}", value, vtype), tmp_path / "m.gguf", f"llama.{key} is {value}; expected an integer")
 
 
@@ -140,7 +140,7 @@ def test_hyperparameters_that_contradict_each_other_or_the_tensors(edit, tmp_pat
     ("context_length", np.array([1.5, 1.5], np.float32), (ValueType.ARRAY, F32), "1.5; expected an integer"),
 ])
 def test_metadata_of_the_wrong_type_or_range(edit, tmp_path, key, value, vtype, match):
-    m = edit("smollm2")
+    m = edit("llama")
     refused(m.set(f"llama.{key}", value, vtype), tmp_path / "m.gguf", re.escape(f"llama.{key} is ") + match)
 
 
