@@ -58,10 +58,12 @@ def _worker() -> None:
         print(json.dumps(_outcome(line.strip(), backend)), flush=True)
 
 
-def _limit_memory() -> None:
+def _limit_resources() -> None:
+    """In the worker, before it starts: its address space capped, no core files from its crashes."""
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT if hard == resource.RLIM_INFINITY else
                                             min(MEMORY_LIMIT, hard), hard))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
 
 
 class IsolatedLoader:
@@ -75,7 +77,7 @@ class IsolatedLoader:
         env = {**os.environ, "PYTHONFAULTHANDLER": "1", "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
         self.stderr = tempfile.TemporaryFile("w+")  # a file, not a pipe: warnings can never fill it and block
         self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, text=True, env=env, preexec_fn=_limit_memory)
+                                     stderr=self.stderr, text=True, env=env, preexec_fn=_limit_resources)
         ready = self._answer(self.start_timeout_s)
         assert ready == {"ready": True}, f"the worker did not start: {ready}"
 
