@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
 from pathlib import Path
 
 from quanta.cli.run import add_model_options
@@ -71,5 +70,4 @@ def run(args: argparse.Namespace) -> int:
         return LLM(path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
                    **{k: v for k, v in engine.items() if v is not None})
 
-    print(f"quanta serve: loading {path.name} on {args.device} ...", file=sys.stderr, flush=True)
     return serve(config, load, model_name(args.model, path))

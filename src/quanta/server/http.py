@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import uvicorn
 
+from quanta.errors import QuantaError
 from quanta.server.app import build_app
 from quanta.server.config import ServerConfig
 from quanta.server.state import ServerState
@@ -26,13 +27,26 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def serve(config: ServerConfig, load: Callable[[], Any], model_name: str, out: TextIO = sys.stdout) -> int:
     """Serve until a signal; raises what ``load`` raised when the model could not be loaded."""
     state = ServerState(config, model_name)
+    sock = listen(config.host, config.port)
     uv = uvicorn.Config(build_app(state), host=config.host, port=config.port, log_level="warning",
                         access_log=False, lifespan="off", timeout_keep_alive=30)
     server = QuantaServer(uv, state, load, out)
-    server.run()
+    server.run(sockets=[sock])
     if server.load_error is not None:
         raise server.load_error
     return 0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (IPv4 or IPv6); a one-line QuantaError when that is impossible."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        raise QuantaError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
 
 
 class QuantaServer(uvicorn.Server):
@@ -45,6 +59,7 @@ class QuantaServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
+            print(f"quanta serve: loading {self.state.model_name} ...", file=sys.stderr, flush=True)
             self._loader = asyncio.create_task(self._load_model())
 
     async def _load_model(self) -> None:
@@ -57,7 +72,8 @@ class QuantaServer(uvicorn.Server):
         if self.should_exit:
             return
         self.state.attach(llm)
-        print(f"quanta serve: {self.state.model_name} ready at {self.url}", file=self.out, flush=True)
+        print(f"quanta serve: {self.state.model_name} on {llm.backend.name} ready at {self.url}", file=self.out,
+              flush=True)
 
     @property
     def url(self) -> str:
