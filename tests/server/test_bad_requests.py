@@ -12,6 +12,7 @@ import pytest
 from live_server import assert_error_object, start_server
 
 KEY = "sk-test-key"
+ORIGIN = "http://app.example"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 N_CTX = 256
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -118,8 +119,8 @@ CASES = cases()
 
 @pytest.fixture(scope="module")
 def server(smollm2_path, server_log_dir):
-    with start_server(smollm2_path, server_log_dir, "--n-ctx", str(N_CTX), "--max-seqs", "2",
-                      env={"QUANTA_API_KEY": KEY}) as s:
+    with start_server(smollm2_path, server_log_dir, "--n-ctx", str(N_CTX), "--max-seqs", "2", "--cors-origin",
+                      ORIGIN, env={"QUANTA_API_KEY": KEY}) as s:
         yield s
         assert s.stop() == 0
         assert "Traceback" not in s.log.read_text(), s.log.read_text()
@@ -188,6 +189,18 @@ def test_api_key(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert httpx.get(f"{server.url}/").status_code == 200
     assert httpx.get(f"{server.url}/v1/models", headers=AUTH).status_code == 200
+
+
+def test_cors(server):
+    preflight = httpx.options(f"{server.url}/v1/chat/completions", headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == ORIGIN
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    r = httpx.get(f"{server.url}/v1/models", headers={**AUTH, "Origin": ORIGIN})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    r = httpx.get(f"{server.url}/v1/models", headers={"Origin": "http://elsewhere.example", **AUTH})
+    assert "access-control-allow-origin" not in r.headers
 
 
 def test_still_serving_after_the_matrix(http):

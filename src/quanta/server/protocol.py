@@ -148,12 +148,14 @@ def parse_body(model: type[BodyT], data: Any) -> BodyT:
         return model.model_validate(data)
     except ValidationError as e:
         errors = e.errors(include_url=False)
-        first = errors[0]
-        param = _param(data, first)
-        if first["type"] == "missing":
+        field = errors[0]["loc"][:1]  # the first field at fault; of its errors, the most specific (deepest)
+        ours = [(_param(data, err), err) for err in errors if err["loc"][:1] == field]
+        param = max((p for p, _ in ours), key=len)
+        same = [err for p, err in ours if p == param]
+        if same[0]["type"] == "missing":
             raise invalid(f"missing required parameter: '{param}'", param) from None
-        same = dict.fromkeys(err["msg"] for err in errors if _param(data, err) == param)
-        raise invalid(f"invalid value for '{param}': {' or '.join(list(same)[:3])}", param or None) from None
+        messages = dict.fromkeys(err["msg"] for err in same)
+        raise invalid(f"invalid value for '{param}': {' or '.join(list(messages)[:3])}", param or None) from None
     except RecursionError:
         raise invalid("the request nests values too deeply") from None
 
