@@ -345,9 +345,12 @@ def main() -> int:
     return 0 if load_ok else 1
 
 
-def _idle_figures(m: dict[str, float]) -> dict[str, float]:
+def _idle_figures(m: dict[str, float]) -> dict[str, Any]:
+    """What /metrics says once the server is idle: blocks and sequences held, and the counts so far."""
     return {"kv_blocks_used": m["quanta_kv_blocks_used"], "live_sequences": m["quanta_live_sequences"],
-            "aborted": m.get('quanta_sequences_finished_total{reason="abort"}', 0.0),
+            "finished": {k.split('"')[1]: v for k, v in m.items() if k.startswith("quanta_sequences_finished_total")},
+            "responses": {k.split('status="')[1].split('"')[0]: v for k, v in m.items()
+                          if k.startswith("quanta_requests_total") and "chat/completions" in k},
             "5xx": sum(v for k, v in m.items() if k.startswith("quanta_requests_total") and 'status="5' in k)}
 
 

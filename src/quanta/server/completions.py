@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
@@ -34,11 +34,15 @@ async def read_json(request: Request, limit: int) -> Any:
     if length is not None and length.isdigit() and int(length) > limit:
         raise _too_large(int(length), limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise APIError(CLIENT_CLOSED, "the client closed the connection before sending its whole request",
+                       code="client_closed") from None
     return parse_json(b"".join(chunks))
 
 
