@@ -28,7 +28,6 @@ from quanta.backends.cpu.kernels.simd import F32, I8, I32, data_ptr, fma, splat,
 TOKENS = 8  # activation rows per register tile (8 int + 8 float accumulators of 16 lanes); padding unit of n
 TOKENS_256 = 4  # with 256-bit registers: 8 rows x 4 tokens (4 int + 4 float accumulators: fits AVX2's 16)
 _V16 = vec(I32, 16)
-_V8 = vec(I32, 8)
 
 
 def _vpdpbusd512(builder, acc, a, b):
@@ -37,132 +36,81 @@ def _vpdpbusd512(builder, acc, a, b):
     return builder.call(fn, [acc, a, b])
 
 
-def _dot4_256(isa: str, builder, acc, w, xv):
-    """``acc`` + per i32 lane the sum of 4 u8 codes x 4 s8 activations, 8 lanes (``legacy_dot_q8.dot_u8s8``)."""
-    return builder.add(acc, dot_u8s8(isa, builder, builder.bitcast(w, vec(I8, 32)), builder.bitcast(xv, vec(I8, 32))))
-
-
 def _shape(context, builder, arrty, arr):
     return cgutils.unpack_tuple(builder, context.make_array(arrty)(context, builder, arr).shape)
 
 
 def _make_gemm_tile(unit: int):
-    """``f(isa, codes, scales, consts, xq, xdu, xsu, n, out, col0)``: the register tile of the module docstring
-    with 512-bit registers for AVX-512 VNNI, ``_codegen_256`` for the 256-bit paths."""
+    """``f(isa, codes, scales, consts, xq, xdu, xsu, n, out, col0)``: the register tile of the module docstring.
+
+    AVX-512 VNNI: 16 rows x ``TOKENS`` tokens in 512-bit registers. The 256-bit paths (AVX-VNNI, AVX2) take each
+    16-row tile as two halves of 8 rows (the two 32-byte halves of each 64-byte code line), ``TOKENS_256`` tokens
+    at a time, so that the accumulators fit AVX2's 16 registers."""
     groups = unit // 4
-    narrow = _codegen_256(unit)
 
     def typer(typingctx, isa_token, codes, scales, consts, xq, xdu, xsu, n, out, col0):
         sig = types.none(isa_token, codes, scales, consts, xq, xdu, xsu, n, out, col0)
         isa = isa_of(isa_token)
+        wide = isa == "avx512_vnni"
+        lanes, halves, tokens = (16, 1, TOKENS) if wide else (8, 2, TOKENS_256)
+        iv, fv = vec(I32, lanes), vec(F32, lanes)
+
+        def dot4(builder, acc, w, xv):  # acc + per i32 lane the sum of 4 u8 codes x 4 s8 activations
+            if wide:
+                return _vpdpbusd512(builder, acc, w, xv)
+            return builder.add(acc, dot_u8s8(isa, builder, builder.bitcast(w, vec(I8, 32)),
+                                             builder.bitcast(xv, vec(I8, 32))))
 
         def codegen(context, builder, signature, args):
-            if isa != "avx512_vnni":
-                return narrow(isa, context, builder, signature.args[1:], args[1:])
-            signature = types.none(*signature.args[1:])
-            args = args[1:]
-            ptr = [data_ptr(context, builder, signature.args[i], args[i]) for i in (0, 1, 2, 3, 4, 5, 7)]
-            cp, sp, kp, qp, dp, xsp, op = ptr
-            cp = builder.bitcast(cp, _V16.as_pointer())
-            sp, kp = (builder.bitcast(p, vec(F32, 16).as_pointer()) for p in (sp, kp))
+            sa, args = signature.args[1:], args[1:]
+            cp, sp, kp, qp, dp, xsp, op = [data_ptr(context, builder, sa[i], args[i]) for i in (0, 1, 2, 3, 4, 5, 7)]
+            cp = builder.bitcast(cp, iv.as_pointer())
+            sp, kp = (builder.bitcast(p, fv.as_pointer()) for p in (sp, kp))
             qp = builder.bitcast(qp, I32.as_pointer())
-            n_pad, k = _shape(context, builder, signature.args[3], args[3])
-            ldo = _shape(context, builder, signature.args[7], args[7])[1]
-            n = context.cast(builder, args[6], signature.args[6], types.intp)
-            col0 = context.cast(builder, args[8], signature.args[8], types.intp)
-            nunits = builder.sdiv(k, ir.Constant(k.type, unit))
-            k_words = builder.sdiv(k, ir.Constant(k.type, 4))
+            n_pad, k = _shape(context, builder, sa[3], args[3])
+            ldo = _shape(context, builder, sa[7], args[7])[1]
+            n = context.cast(builder, args[6], sa[6], types.intp)
+            col0 = context.cast(builder, args[8], sa[8], types.intp)
             c = lambda v: ir.Constant(k.type, v)  # noqa: E731
-            n_chunks = builder.sdiv(n_pad, c(TOKENS))
-            accs = [cgutils.alloca_once(builder, vec(F32, 16)) for _ in range(TOKENS)]
-            with cgutils.for_range(builder, n_chunks) as tloop:
-                t0 = builder.mul(tloop.index, c(TOKENS))
-                for a in accs:
-                    builder.store(ir.Constant(vec(F32, 16), [0.0] * 16), a)
-                with cgutils.for_range(builder, nunits) as uloop:
-                    j = uloop.index
-                    isums = [ir.Constant(_V16, [0] * 16)] * TOKENS
-                    for g in range(groups):
-                        w = builder.load(builder.gep(cp, [builder.add(builder.mul(j, c(groups)), c(g))]), align=1)
-                        for t in range(TOKENS):
-                            word = builder.add(builder.mul(builder.add(t0, c(t)), k_words),
-                                               builder.add(builder.mul(j, c(groups)), c(g)))
-                            xv = splat(builder, builder.load(builder.gep(qp, [word]), align=4))
-                            isums[t] = _vpdpbusd512(builder, isums[t], w, xv)
-                    s = builder.load(builder.gep(sp, [j]), align=4)
-                    kc = builder.load(builder.gep(kp, [j]), align=4)
-                    for t in range(TOKENS):
-                        at = builder.add(builder.mul(builder.add(t0, c(t)), nunits), j)
-                        xd = splat(builder, builder.load(builder.gep(dp, [at])))
-                        xs = splat(builder, builder.load(builder.gep(xsp, [at])))
-                        isum = builder.sitofp(isums[t], vec(F32, 16))
-                        acc = fma(builder, isum, builder.fmul(s, xd), builder.load(accs[t]))
-                        builder.store(fma(builder, kc, xs, acc), accs[t])
-                for t in range(TOKENS):
-                    row = builder.add(t0, c(t))
-                    with builder.if_then(builder.icmp_signed("<", row, n)):
-                        dst = builder.gep(op, [builder.add(builder.mul(row, ldo), col0)])
-                        builder.store(builder.load(accs[t]), builder.bitcast(dst, vec(F32, 16).as_pointer()), align=4)
+            nunits, k_words = builder.sdiv(k, c(unit)), builder.sdiv(k, c(4))
+            accs = [cgutils.alloca_once(builder, fv) for _ in range(tokens)]
+            for half in range(halves):
+                with cgutils.for_range(builder, builder.sdiv(n_pad, c(tokens))) as tloop:
+                    t0 = builder.mul(tloop.index, c(tokens))
+                    for a in accs:
+                        builder.store(ir.Constant(fv, [0.0] * lanes), a)
+                    with cgutils.for_range(builder, nunits) as uloop:
+                        j = uloop.index
+                        isums = [ir.Constant(iv, [0] * lanes)] * tokens
+                        for g in range(groups):
+                            word = builder.add(builder.mul(j, c(groups)), c(g))
+                            line = builder.add(builder.mul(word, c(halves)), c(half))
+                            w = builder.load(builder.gep(cp, [line]), align=1)
+                            for t in range(tokens):
+                                at = builder.add(builder.mul(builder.add(t0, c(t)), k_words), word)
+                                xv = splat(builder, builder.load(builder.gep(qp, [at]), align=4), lanes)
+                                isums[t] = dot4(builder, isums[t], w, xv)
+                        line = builder.add(builder.mul(j, c(halves)), c(half))
+                        s = builder.load(builder.gep(sp, [line]), align=4)
+                        kc = builder.load(builder.gep(kp, [line]), align=4)
+                        for t in range(tokens):
+                            at = builder.add(builder.mul(builder.add(t0, c(t)), nunits), j)
+                            xd = splat(builder, builder.load(builder.gep(dp, [at])), lanes)
+                            xs = splat(builder, builder.load(builder.gep(xsp, [at])), lanes)
+                            acc = fma(builder, builder.sitofp(isums[t], fv), builder.fmul(s, xd), builder.load(accs[t]))
+                            builder.store(fma(builder, kc, xs, acc), accs[t])
+                    for t in range(tokens):
+                        row = builder.add(t0, c(t))
+                        with builder.if_then(builder.icmp_signed("<", row, n)):
+                            col = builder.add(col0, c(lanes * half))
+                            dst = builder.gep(op, [builder.add(builder.mul(row, ldo), col)])
+                            builder.store(builder.load(accs[t]), builder.bitcast(dst, fv.as_pointer()), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
 
     typer.__name__ = f"gemm_tile_u{unit}"
     return intrinsic(typer)
-
-
-def _codegen_256(unit: int):
-    """The register tile with 256-bit registers (AVX-VNNI, AVX2): each 16-row tile as two halves of 8 rows, 4
-    tokens at a time."""
-    groups = unit // 4
-    t_n = TOKENS_256
-
-    def codegen(isa, context, builder, sa, args):
-        cp, sp, kp, qp, dp, xsp, op = [data_ptr(context, builder, sa[i], args[i]) for i in (0, 1, 2, 3, 4, 5, 7)]
-        cp = builder.bitcast(cp, _V8.as_pointer())
-        sp, kp = (builder.bitcast(p, vec(F32, 8).as_pointer()) for p in (sp, kp))
-        qp = builder.bitcast(qp, I32.as_pointer())
-        n_pad, k = _shape(context, builder, sa[3], args[3])
-        ldo = _shape(context, builder, sa[7], args[7])[1]
-        n = context.cast(builder, args[6], sa[6], types.intp)
-        col0 = context.cast(builder, args[8], sa[8], types.intp)
-        c = lambda v: ir.Constant(k.type, v)  # noqa: E731
-        nunits, k_words = builder.sdiv(k, c(unit)), builder.sdiv(k, c(4))
-        accs = [cgutils.alloca_once(builder, vec(F32, 8)) for _ in range(t_n)]
-        for half in range(2):
-            with cgutils.for_range(builder, builder.sdiv(n_pad, c(t_n))) as tloop:
-                t0 = builder.mul(tloop.index, c(t_n))
-                for a in accs:
-                    builder.store(ir.Constant(vec(F32, 8), [0.0] * 8), a)
-                with cgutils.for_range(builder, nunits) as uloop:
-                    j = uloop.index
-                    isums = [ir.Constant(_V8, [0] * 8)] * t_n
-                    for g in range(groups):  # rows 8*half.. of group g: the half of a 64-byte line
-                        word = builder.add(builder.mul(j, c(groups)), c(g))
-                        w = builder.load(builder.gep(cp, [builder.add(builder.mul(word, c(2)), c(half))]), align=1)
-                        for t in range(t_n):
-                            at = builder.add(builder.mul(builder.add(t0, c(t)), k_words), word)
-                            xv = splat(builder, builder.load(builder.gep(qp, [at]), align=4), 8)
-                            isums[t] = _dot4_256(isa, builder, isums[t], w, xv)
-                    line = builder.add(builder.mul(j, c(2)), c(half))
-                    s = builder.load(builder.gep(sp, [line]), align=4)
-                    kc = builder.load(builder.gep(kp, [line]), align=4)
-                    for t in range(t_n):
-                        at = builder.add(builder.mul(builder.add(t0, c(t)), nunits), j)
-                        xd = splat(builder, builder.load(builder.gep(dp, [at])), 8)
-                        xs = splat(builder, builder.load(builder.gep(xsp, [at])), 8)
-                        acc = fma(builder, builder.sitofp(isums[t], vec(F32, 8)), builder.fmul(s, xd),
-                                  builder.load(accs[t]))
-                        builder.store(fma(builder, kc, xs, acc), accs[t])
-                for t in range(t_n):
-                    row = builder.add(t0, c(t))
-                    with builder.if_then(builder.icmp_signed("<", row, n)):
-                        dst = builder.gep(op, [builder.add(builder.mul(row, ldo), builder.add(col0, c(8 * half)))])
-                        builder.store(builder.load(accs[t]), builder.bitcast(dst, vec(F32, 8).as_pointer()),
-                                      align=4)
-        return context.get_dummy_value()
-
-    return codegen
 
 
 gemm_tile_u32 = _make_gemm_tile(32)
