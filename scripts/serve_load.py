@@ -50,6 +50,7 @@ class Outcome:
     latency_s: float = 0.0
     tokens: int = 0
     stream: bool = False
+    token_times: list[float] = field(default_factory=list)  # when each content chunk of a stream arrived
 
 
 @dataclass
@@ -66,13 +67,19 @@ class Report:
         for x in o:
             if not x.ok:
                 problems[x.problem or "?"] = problems.get(x.problem or "?", 0) + 1
+        times = [x.token_times for x in o if x.ok and x.token_times]
+        decode = None
+        if times and len(times) == len(o):  # bench's definition: tokens after every stream's first, over that time
+            t0, t1 = max(t[0] for t in times), max(t[-1] for t in times)
+            after = sum(sum(1 for u in t if u > t0) for t in times)
+            decode = round(after / (t1 - t0), 1) if t1 > t0 else None
         return {"requests": len(o), "ok": sum(x.ok for x in o), "lost": sum(x.status is None for x in o),
                 "5xx": sum(x.status is not None and x.status >= 500 for x in o),
                 "malformed": sum(x.status == 200 and not x.ok for x in o),
                 "streams": sum(x.stream for x in o), "completion_tokens": tokens, "wall_s": round(self.wall_s, 1),
                 "aggregate_tok_s": round(tokens / self.wall_s, 1) if self.wall_s else 0.0,
                 "ttft_p50_s": _pct(ttft, 50), "ttft_p95_s": _pct(ttft, 95), "latency_p50_s": _pct(lat, 50),
-                "latency_p95_s": _pct(lat, 95), "problems": problems}
+                "latency_p95_s": _pct(lat, 95), "decode_tok_s_after_all_first": decode, "problems": problems}
 
 
 def _pct(values: list[float], p: int) -> float | None:
@@ -82,6 +89,15 @@ def _pct(values: list[float], p: int) -> float | None:
 
 
 # ---- one request -------------------------------------------------------------------------------------------
+def fixed_request(rng: random.Random, prompt_tokens: int, new_tokens: int, vocab: int,
+                  model: str) -> tuple[str, dict[str, Any]]:
+    """A streamed completion of random token ids, greedy past end-of-generation (`quanta bench`'s requests)."""
+    lo, hi = min(1000, vocab // 4), vocab - vocab // 8
+    return "/v1/completions", {"model": model, "prompt": [rng.randrange(lo, hi) for _ in range(prompt_tokens)],
+                               "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+                               "stream_options": {"include_usage": True}}
+
+
 def make_request(rng: random.Random, lo: int, hi: int, model: str) -> tuple[str, dict[str, Any]]:
     topic = rng.choice(TOPICS)
     long = rng.random() < 0.3
@@ -142,8 +158,10 @@ async def _stream(client: httpx.AsyncClient, path: str, body: dict[str, Any], st
             buffer += text
             while "\n\n" in buffer:
                 event, buffer = buffer.split("\n\n", 1)
-                if out.ttft_s is None and _has_content(event, chat):
-                    out.ttft_s = time.perf_counter() - start
+                if _has_content(event, chat):
+                    now = time.perf_counter()
+                    out.ttft_s = now - start if out.ttft_s is None else out.ttft_s
+                    out.token_times.append(now)
                 events.append(event)
     out.latency_s = time.perf_counter() - start
     out.problem = _stream_problem(events, buffer, chat, body["max_tokens"])
@@ -190,7 +208,7 @@ def _stream_problem(events: list[str], rest: str, chat: bool, max_tokens: int) -
 
 # ---- runs --------------------------------------------------------------------------------------------------
 async def load(url: str, n: int, concurrency: int, lo: int, hi: int, seed: int, model: str,
-               until: float | None = None) -> Report:
+               until: float | None = None, fixed: tuple[int, int, int] | None = None) -> Report:
     rng = random.Random(seed)
     report = Report()
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -201,7 +219,8 @@ async def load(url: str, n: int, concurrency: int, lo: int, hi: int, seed: int, 
             for _ in counter:
                 if until is not None and time.monotonic() > until:
                     return
-                report.outcomes.append(await send(client, *make_request(rng, lo, hi, model)))
+                request = fixed_request(rng, *fixed, model) if fixed else make_request(rng, lo, hi, model)
+                report.outcomes.append(await send(client, *request))
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -295,6 +314,9 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--max-tokens", default="4,32", help="LO,HI: each request's max_tokens is drawn from it")
+    p.add_argument("--fixed", metavar="P,N,VOCAB", default=None,
+                   help="instead of the mix: streamed completions of P random token ids (below VOCAB), N new tokens "
+                        "each, greedy past end-of-generation (as `quanta bench --concurrency`)")
     p.add_argument("--disconnects", type=int, default=0, help="then N clients that leave at random points")
     p.add_argument("--soak", type=float, default=0, help="then steady load for this many seconds")
     p.add_argument("--seed", type=int, default=0)
@@ -315,7 +337,8 @@ def main() -> int:
     figures: dict[str, Any] = {"rss_start_kib": rss_kib(pid)}
     try:
         if args.requests:
-            report = asyncio.run(load(url, args.requests, args.concurrency, lo, hi, args.seed, model))
+            fixed = tuple(int(x) for x in args.fixed.split(",")) if args.fixed else None
+            report = asyncio.run(load(url, args.requests, args.concurrency, lo, hi, args.seed, model, fixed=fixed))
             figures["load"] = report.summary()
             figures["load"]["metrics_after"] = _idle_figures(wait_idle(url))
             figures["rss_after_load_kib"] = rss_kib(pid)

@@ -159,7 +159,8 @@ class EventStream:
                         "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                                     (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
             async for chunk in self._chunks():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
@@ -167,36 +168,49 @@ class EventStream:
                 self.engine_loop.abort(self.job)
 
     async def _chunks(self) -> Any:
+        """The stream's bytes: each batch of events that arrived together becomes one write."""
         w, plan = self.writer, self.plan
         results = _Results(plan)
-        lp = plan.logprobs is not None
         offsets = [len(results.echo(i)) for i in range(len(plan.choices))]
-        for i in range(len(plan.choices)):
-            if w.chat:
-                yield w.role_chunk(i)
-            elif plan.echo:
-                yield w.delta_chunk(i, results.echo(i), [] if lp else None)
+        opening = [w.role_chunk(i) for i in range(len(plan.choices))] if w.chat else [
+            w.delta_chunk(i, results.echo(i), [] if plan.logprobs is not None else None)
+            for i in range(len(plan.choices)) if plan.echo]
+        yield b"".join(opening)
+        queue = self.job.events
         while results.open:
-            event = await self.job.events.get()
-            if event is DISCONNECTED:
-                return
-            if isinstance(event, Failed):
-                self.ended = True
-                yield error_event(event.message, event.code)
-                yield DONE
-                return
-            out = event.output
-            problem = results.take(event)
-            if out.text or (lp and out.logprobs):
-                yield w.delta_chunk(event.index, out.text, out.logprobs if lp else None, offsets[event.index])
-                offsets[event.index] += len(out.text)
-            if problem is not None:
-                yield error_event(problem, "internal_error" if out.finish_reason == "error" else "shutdown")
-                yield DONE
-                return
-            if out.finished:
-                yield w.finish_chunk(event.index, out.finish_reason)
+            events = [await queue.get()]
+            while not queue.empty():
+                events.append(queue.get_nowait())
+            out: list[bytes] = []
+            for event in events:
+                if event is DISCONNECTED:
+                    return
+                if self._render(event, results, offsets, out):
+                    yield b"".join(out)
+                    return
+            yield b"".join(out)
         self.ended = True
         if plan.include_usage:
-            yield w.usage_chunk(results.usage)
-        yield DONE
+            yield w.usage_chunk(results.usage) + DONE
+        else:
+            yield DONE
+
+    def _render(self, event: Any, results: _Results, offsets: list[int], out: list[bytes]) -> bool:
+        """Append ``event``'s chunks to ``out``; True when it ended the stream (an error event and [DONE])."""
+        w = self.writer
+        if isinstance(event, Failed):
+            self.ended = True
+            out += [error_event(event.message, event.code), DONE]
+            return True
+        o = event.output
+        problem = results.take(event)
+        lp = self.plan.logprobs is not None
+        if o.text or (lp and o.logprobs):
+            out.append(w.delta_chunk(event.index, o.text, o.logprobs if lp else None, offsets[event.index]))
+            offsets[event.index] += len(o.text)
+        if problem is not None:
+            out += [error_event(problem, "internal_error" if o.finish_reason == "error" else "shutdown"), DONE]
+            return True
+        if o.finished:
+            out.append(w.finish_chunk(event.index, o.finish_reason))
+        return False

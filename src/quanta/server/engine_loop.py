@@ -204,11 +204,11 @@ class EngineLoop:
     def _route(self, outputs: list[RequestOutput]) -> None:
         now = time.perf_counter()
         m = self.metrics
-        gained = 0
+        gained = tokens = 0
         for out in outputs:
             if out.new_token_ids:
                 gained += 1
-                m.generated_tokens.inc(len(out.new_token_ids))
+                tokens += len(out.new_token_ids)
                 last = self._last_token.get(out.request_id)
                 if last is not None:
                     m.token_latency.observe(now - last)
@@ -222,6 +222,7 @@ class EngineLoop:
             if out.finished:
                 self._finished(out, owner is not None)
         if gained:
+            m.generated_tokens.inc(tokens)
             m.step_sequences.observe(gained)
 
     def _add_siblings(self, job: Job, leader: int) -> None:

@@ -56,6 +56,9 @@ class Writer:
         self.chat, self.model, self.tokenizer, self.include_usage = chat, model, tokenizer, include_usage
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        # a content chunk is this request's constant head and tail around one JSON string: encoded once
+        head, tail = self._chunk([{"index": 0, "delta" if chat else "text": "\0"}]).split(b'"\\u0000"')
+        self._head, self._tail = head.split(b'{"index":0')[0], tail[1:]  # tail: without the template's "}"
 
     # ---- stream chunks -------------------------------------------------------------------------------------
     def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
@@ -71,7 +74,12 @@ class Writer:
 
     def delta_chunk(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None,
                     offset: int = 0) -> bytes:
-        lp = None if logprobs is None else self.logprobs(logprobs, offset)
+        if logprobs is None:  # the common case, once per token: no dicts, one small json.dumps
+            content = json.dumps(text, ensure_ascii=False).encode()
+            delta = b'{"content":' + content + b"}" if self.chat else content
+            return b"".join((self._head, b'{"index":%d,' % index, b'"delta":' if self.chat else b'"text":', delta,
+                             b',"logprobs":null,"finish_reason":null}', self._tail))
+        lp = self.logprobs(logprobs, offset)
         if self.chat:
             return self._chunk([{"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}])
         return self._chunk([{"index": index, "text": text, "logprobs": lp, "finish_reason": None}])
