@@ -24,10 +24,10 @@ def test_each_busy_process_burns_cpu_and_is_reaped():
     with busy_cores(2) as pids:
         assert len(set(pids)) == 2
         before = [cpu_seconds(p) for p in pids]
-        time.sleep(1.0)
+        time.sleep(2.0)
         used = [cpu_seconds(p) - b for p, b in zip(pids, before)]
-    # a sleeping process would show 0; even on a 2-core machine at load 10, each got > 5% of a core
-    assert all(u >= 0.05 for u in used), used
+    # a sleeping process shows 0 clock ticks; a busy one some, however loaded the machine (seen: 3% of a core)
+    assert all(u > 0 for u in used), used
     assert not any(os.path.exists(f"/proc/{p}") for p in pids)  # killed and reaped
 
 
