@@ -128,10 +128,16 @@ class Backend(ABC):
         (inv_freq already holds any per-frequency factors and scaling)."""
 
     @abstractmethod
-    def kv_cache(self, shape: KVShape) -> Any:
-        """The KV pool, allocated once; :meth:`attention` writes into it.
+    def kv_cache(self, shape: KVShape, dtype: str = "auto") -> Any:
+        """The KV pool, allocated once, its values stored as ``dtype`` ("auto": the backend's default for its mode;
+        "f32", "f16", "q8": int8 with a scale per token and KV head; a backend refuses what it lacks with a
+        ValueError); :meth:`attention` writes into it.
 
         The returned object must support ``len(cache) == n_layers`` and ``cache[layer]`` (passed to attention)."""
+
+    def kv_nbytes(self, shape: KVShape, dtype: str = "auto") -> int:
+        """Bytes :meth:`kv_cache` takes for ``shape`` and ``dtype``."""
+        return shape.nbytes(self.kv_itemsize)
 
     @abstractmethod
     def buffer(self, name: str, shape: tuple[int, ...]) -> Array:

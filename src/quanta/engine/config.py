@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from quanta.engine.speculation import SpeculativeConfig
 
 DEFAULT_BLOCK_SIZE = 16
+KV_DTYPES = ("auto", "f32", "f16", "q8")
 DEFAULT_MAX_SEQS = {"cpu": 8, "cuda": 256}
 DEFAULT_BATCHED_TOKENS = {"cpu": 512, "cuda": 2048}
 
@@ -23,6 +24,8 @@ class EngineConfig:
         ``kv_memory_fraction`` of the device's free memory after the weights.
     prefix_caching: full blocks are shared by requests whose tokens up to them are identical.
     speculative: n-gram speculative decoding's settings (``SpeculativeConfig``), or None (off).
+    kv_dtype: how the pool stores K and V: "auto" (f32 on the CPU and in exact mode, f16 on CUDA), "f32", "f16",
+        or "q8" (int8 with one scale per token and KV head: about a quarter of f32's bytes).
     """
 
     max_seqs: int | None = None
@@ -33,6 +36,7 @@ class EngineConfig:
     kv_memory_fraction: float = 0.9
     prefix_caching: bool = True
     speculative: SpeculativeConfig | None = None
+    kv_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_batched_tokens", "kv_blocks", "kv_memory"):
@@ -43,6 +47,8 @@ class EngineConfig:
         f = self.kv_memory_fraction
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {f!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.speculative is not None and not isinstance(self.speculative, SpeculativeConfig):
             raise ValueError(f"speculative must be a SpeculativeConfig or None, got {self.speculative!r}")
 

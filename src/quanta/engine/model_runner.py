@@ -12,7 +12,6 @@ import numpy as np
 
 from quanta.backends.base import Array, AttentionMetadata, Backend
 from quanta.engine.config import EngineConfig
-from quanta.engine.graphs import DecodeGraphs
 from quanta.engine.scheduler import ScheduledBatch
 from quanta.engine.sequence import PENDING
 from quanta.errors import QuantaError
@@ -23,7 +22,7 @@ def pool_blocks(model: Model, backend: Backend, config: EngineConfig, n_ctx: int
     """Blocks of the KV pool: ``kv_blocks``, or ``kv_memory`` bytes' worth, or room for ``max_seqs`` full contexts
     within ``kv_memory_fraction`` of the device's free memory. At least one full context."""
     b = config.block_size
-    per_block = model.kv_shape(1, b).nbytes(backend.kv_itemsize)
+    per_block = backend.kv_nbytes(model.kv_shape(1, b), config.kv_dtype)
     one_context = -(-n_ctx // b)
     if config.kv_blocks is not None:
         n = config.kv_blocks
@@ -45,9 +44,14 @@ class ModelRunner:
     def __init__(self, model: Model, backend: Backend, config: EngineConfig, n_ctx: int):
         self.model, self.backend, self.block_size = model, backend, config.block_size
         self.n_blocks = pool_blocks(model, backend, config, n_ctx)
-        self.cache: Any = backend.kv_cache(model.kv_shape(self.n_blocks, self.block_size))
-        self.graphs = DecodeGraphs(model, backend, self.cache, max_seqs=config.max_seqs, n_ctx=n_ctx,
-                                   block_size=self.block_size, n_blocks=self.n_blocks) if backend.graphs else None
+        self.cache: Any = backend.kv_cache(model.kv_shape(self.n_blocks, self.block_size), config.kv_dtype)
+        self.graphs = None
+        if backend.graphs:
+            from quanta.engine.graphs import ForwardGraphs
+
+            self.graphs = ForwardGraphs(model, backend, self.cache, max_seqs=config.max_seqs,
+                                        max_tokens=config.max_batched_tokens, n_ctx=n_ctx,
+                                        block_size=self.block_size, n_blocks=self.n_blocks)
 
     def run(self, batch: ScheduledBatch, previous: Array | None = None,
             pending_rows: dict[tuple[int, int], int] | None = None) -> Array:
@@ -63,10 +67,10 @@ class ModelRunner:
                     if seq.token_ids[i] == PENDING:
                         source[o + i - seq.num_computed] = pending_rows[seq.id, i]
                 o += k
-        if self.graphs is not None and rows is None and source is None:
-            logits = self.graphs.run(ids, meta)
+        if self.graphs is not None:
+            logits = self.graphs.run(ids, meta, previous, source, rows)
             if logits is not None:
-                return logits  # a decode batch: its captured graph
+                return logits  # a captured graph
         return self.forward(self.backend.feed_tokens(ids, previous, source), meta, rows)
 
     def forward(self, ids: Array, meta: AttentionMetadata, rows: np.ndarray | None) -> Array:

@@ -71,7 +71,7 @@ class Model:
         against the device's free memory (a context the machine cannot hold is a clear error, not an allocation
         failure or the OOM killer)."""
         free = self.backend.free_memory()
-        need = self.kv_shape(self.n_ctx, 1).nbytes(self.backend.kv_itemsize) + self.n_ctx * 4 * self.config.rope_dim
+        need = self.backend.kv_nbytes(self.kv_shape(self.n_ctx, 1)) + self.n_ctx * 4 * self.config.rope_dim
         if free is not None and need > free:
             raise QuantaError(f"n_ctx {self.n_ctx:,} needs {need / 2**30:,.1f} GiB for one sequence's KV cache, and "
                               f"the {self.backend.name} device has {free / 2**30:,.1f} GiB free; lower n_ctx "

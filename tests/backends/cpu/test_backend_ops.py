@@ -100,8 +100,9 @@ def placement(seqs: list[tuple[list[int], int, int]], block_size: int) -> Attent
                              max(n for _, _, n in seqs), block_size)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "q8"])
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (5, 0.0), (0, 20.0)])
-def test_paged_attention_of_a_batch(be, window, softcap):
+def test_paged_attention_of_a_batch(be, window, softcap, dtype):
     """Two sequences on scattered blocks of a shared pool: a 9-token prefill (BLAS path) next to a 3-token one
     (kernel path), then decode steps of both in one batch; each against the naive attention of its own tokens."""
     n_heads, n_kv, hd, b = 6, 2, 16, 4
@@ -109,7 +110,8 @@ def test_paged_attention_of_a_batch(be, window, softcap):
     lengths = [13, 9]
     data = [(randn(n, n_heads, hd), randn(n, n_kv, hd), randn(n, n_kv, hd)) for n in lengths]
     refs = [attention_reference(q, k, v, np.arange(len(q)), 0.25, window, softcap) for q, k, v in data]
-    cache = be.kv_cache(KVShape(1, n_kv, hd, 8, b))[0]
+    cache = be.kv_cache(KVShape(1, n_kv, hd, 8, b), dtype)[0]
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == "f32" else dict(rtol=0, atol=0.03)  # int8: ~1% of |v| ~ 1
     steps = [[(0, 9), (0, 3)]] + [[(9 + i, 1), (3 + i, 1)] for i in range(4)]
     for step in steps:
         meta = be.metadata(placement([(tables[j], first, n) for j, (first, n) in enumerate(step)], b))
@@ -117,7 +119,7 @@ def test_paged_attention_of_a_batch(be, window, softcap):
         q, k, v = (np.concatenate([pick(data[j][x], j) for j in range(2)]) for x in range(3))
         out = be.attention(q, k, v, cache, meta, scale=0.25, window=window, softcap=softcap)
         want = np.concatenate([pick(refs[j], j) for j in range(2)])
-        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out, want, **tol)
 
 
 def test_gated_activations_match_torch(be):

@@ -21,7 +21,7 @@ from quanta.backends.cpu import qmatmul as _qmatmul
 from quanta.backends.cpu.cached_dispatch import load_without_refresh
 from quanta.backends.cpu.kernels import gemm_q8 as _gemm_q8
 from quanta.backends.cpu.kernels import rows as _rows
-from quanta.backends.cpu.kv_cache import CPUKVCache
+from quanta.backends.cpu.kv_cache import CPUKVCache, kv_nbytes
 from quanta.gguf import TensorInfo
 
 BLAS_ATTENTION_MIN_ROWS = 8  # from this many queries on, sgemm over the score matrix beats the numba kernel
@@ -83,8 +83,11 @@ class CPUBackend(Backend):
         angles = np.arange(n_ctx, dtype=np.float32)[:, None] * inv_freq.astype(np.float32)[None, :]
         return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
-    def kv_cache(self, shape: KVShape) -> CPUKVCache:
-        return CPUKVCache(shape)
+    def kv_cache(self, shape: KVShape, dtype: str = "auto") -> CPUKVCache:
+        return CPUKVCache(shape, "f32" if dtype == "auto" else dtype)
+
+    def kv_nbytes(self, shape: KVShape, dtype: str = "auto") -> int:
+        return kv_nbytes(shape, "f32" if dtype == "auto" else dtype)
 
     def metadata(self, host: AttentionMetadata) -> CPUAttentionMetadata:
         """``host`` plus which tokens the numba kernel takes and which sequences' chunks go to BLAS."""
@@ -165,18 +168,18 @@ class CPUBackend(Backend):
         n, n_heads, hd = q.shape
         if out is None:
             out = np.empty((n, n_heads * hd), np.float32)
-        k_cache, v_cache = cache
+        k_cache, v_cache, k_scale, v_scale = cache
         if k is not None:
-            _attention.write_kv(k, v, k_cache, v_cache, meta.slots)
+            _attention.write_kv(k, v, k_cache, v_cache, k_scale, v_scale, meta.slots)
         b = meta.block_size
         for start, stop, j in meta.blas_chunks:
             keys = _attention.sequence_slots(meta.block_tables[j], b, int(meta.seq_lens[j]))
-            _attention.attention_blas(q[start:stop], k_cache, v_cache, meta.positions[start:stop], keys,
-                                      float(scale), int(window), float(softcap), out[start:stop])
+            _attention.attention_blas(q[start:stop], k_cache, v_cache, k_scale, v_scale, meta.positions[start:stop],
+                                      keys, float(scale), int(window), float(softcap), out[start:stop])
         if meta.kernel_rows.size:
-            _attention.attention_kernel(q, k_cache, v_cache, meta.kernel_rows, meta.positions, meta.token_seq,
-                                        meta.block_tables, b, float(scale), int(window), float(softcap),
-                                        self._scratch, out)
+            _attention.attention_kernel(q, k_cache, v_cache, k_scale, v_scale, meta.kernel_rows, meta.positions,
+                                        meta.token_seq, meta.block_tables, b, float(scale), int(window),
+                                        float(softcap), self._scratch, out)
         return out
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:

@@ -1,7 +1,9 @@
-"""The CPU KV pool: one K and one V array per layer of (n_kv_heads, n_slots, head_dim) float32.
+"""The CPU KV pool: per layer one K and one V array of (n_kv_heads, n_slots, head_dim).
 
-Allocated once with np.zeros, so the OS maps pages only as slots are written: resident memory grows with the
-blocks actually used, not with the pool's size.
+``f32`` stores the values; ``q8`` stores int8 codes with a float32 scale per 32 values of a (slot, KV head) row
+(``max|x| / 127``, symmetric, of the row rotated by a Walsh-Hadamard matrix: attention.py): 1.125 bytes per value
+instead of 4. q8 needs a power-of-two head size. Allocated once with np.zeros, so the OS
+maps pages only as slots are written: resident memory grows with the blocks actually used, not with the pool's size.
 """
 
 from __future__ import annotations
@@ -10,20 +12,42 @@ import numpy as np
 
 from quanta.backends.base import KVShape
 
+KV_DTYPES = ("f32", "q8")
+SCALE_GROUP = 32  # int8 values sharing a scale
+
+
+def kv_nbytes(shape: KVShape, dtype: str) -> int:
+    """Bytes of a pool of ``shape`` stored as ``dtype``."""
+    if dtype == "q8":
+        groups = -(-shape.head_dim // SCALE_GROUP)
+        return 2 * shape.n_layers * shape.n_kv_heads * shape.n_slots * (shape.head_dim + 4 * groups)
+    return shape.nbytes(4)
+
 
 class CPUKVCache:
-    def __init__(self, shape: KVShape):
-        self.shape = shape
+    def __init__(self, shape: KVShape, dtype: str = "f32"):
+        if dtype not in KV_DTYPES:
+            raise ValueError(f"the CPU backend stores the KV cache as {' or '.join(KV_DTYPES)}, not {dtype!r}")
+        if dtype == "q8" and shape.head_dim & (shape.head_dim - 1):
+            raise ValueError(f"an int8 KV cache needs a power-of-two head size, not {shape.head_dim}")
+        self.shape, self.dtype = shape, dtype
         dims = (shape.n_layers, shape.n_kv_heads, shape.n_slots, shape.head_dim)
-        self.k = np.zeros(dims, np.float32)
-        self.v = np.zeros(dims, np.float32)
+        codes = np.int8 if dtype == "q8" else np.float32
+        self.k = np.zeros(dims, codes)
+        self.v = np.zeros(dims, codes)
+        scales = (*dims[:3], -(-shape.head_dim // SCALE_GROUP))
+        self.k_scale = np.zeros(scales, np.float32) if dtype == "q8" else None
+        self.v_scale = np.zeros(scales, np.float32) if dtype == "q8" else None
 
     def __len__(self) -> int:
         return self.shape.n_layers
 
-    def __getitem__(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.k[layer], self.v[layer]
+    def __getitem__(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The layer's K, V and (q8) their scales."""
+        if self.k_scale is None:
+            return self.k[layer], self.v[layer], None, None
+        return self.k[layer], self.v[layer], self.k_scale[layer], self.v_scale[layer]
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return kv_nbytes(self.shape, self.dtype)
