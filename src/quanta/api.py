@@ -30,14 +30,17 @@ class LLM:
     ``device``: "auto" (the default: the GPU where an NVIDIA GPU, torch with CUDA and triton are present, else the
     CPU), "cpu", "cuda" or "cuda:N"; ``n_ctx``: the longest sequence (default: the model's, at most 4096);
     ``threads``: CPU threads (default: all available cores); ``exact``: fp32 activations everywhere (the reference
-    mode) instead of the fast 8-bit activation path. The engine's settings (``max_seqs``, ``max_batched_tokens``,
+    mode) instead of the fast 8-bit activation path; ``cpu_isa``: force the CPU's int8 kernels ("avx2",
+    "avx_vnni", "avx512_vnni"; default: the fastest the CPU has); ``home``: the model cache (default
+    ~/.cache/quanta). The engine's settings (``max_seqs``, ``max_batched_tokens``,
     ``block_size``, ``kv_blocks``, ``kv_memory``, ``kv_memory_fraction``, ``prefix_caching``) are
     :class:`quanta.engine.EngineConfig`'s; ``speculative="ngram"`` turns on lossless n-gram speculative decoding
     (quanta.engine.speculation).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, device: str = "auto", n_ctx: int | None = None,
-                 threads: int | None = None, exact: bool = False, progress: bool = False, **engine: Any):
+                 threads: int | None = None, exact: bool = False, cpu_isa: str | None = None,
+                 home: str | os.PathLike | None = None, progress: bool = False, **engine: Any):
         if model is not None and not isinstance(model, (str, os.PathLike)):
             raise ValueError(f"model must be a path or a model name, got {type(model).__name__}")
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2):
@@ -54,24 +57,27 @@ class LLM:
             raise ValueError(f"unknown LLM option(s): {unknown}") from None
         self._closed = False
         with _collector_paused():
-            self._load(model, device, n_ctx, threads, exact, progress, config)
+            self._load(model, device, n_ctx, dict(threads=threads, exact=exact, cpu_isa=cpu_isa), home, progress,
+                       config)
 
-    def _load(self, model: str | os.PathLike | None, device: str, n_ctx: int | None, threads: int | None,
-              exact: bool, progress: bool, config: EngineConfig) -> None:
-        from quanta import gguf
-        from quanta.backends import get_backend
+    def _load(self, model: str | os.PathLike | None, device: str, n_ctx: int | None, backend: dict[str, Any],
+              home: str | os.PathLike | None, progress: bool, config: EngineConfig) -> None:
+        from quanta import gguf, prepare_cpu_runtime
+        from quanta.backends import get_backend, resolve_device
         from quanta.engine import LLMEngine, RequestStreams
         from quanta.hub import resolve_model
         from quanta.models import load_model, model_class
         from quanta.tokenizer import load_tokenizer
 
-        self.path = resolve_model(model, progress=progress)
+        self.path = resolve_model(model, home=home, progress=progress)
         self.gguf = gguf.open(self.path)
         model_class(str(self.gguf.architecture or "<missing>"))  # unsupported: fail before anything heavy
-        self.backend = get_backend(device, threads=threads, exact=exact)
-        self.tokenizer = load_tokenizer(self.gguf)
-        self.model = load_model(self.gguf, self.backend, n_ctx)
+        if isinstance(device, str) and resolve_device(device) == "cpu":
+            prepare_cpu_runtime()  # before the CPU libraries load
+        self.backend = get_backend(device, **backend)
+        self.model = load_model(self.gguf, self.backend, n_ctx)  # checks the file before the tokenizer reads it
         self.n_ctx = self.model.n_ctx
+        self.tokenizer = load_tokenizer(self.gguf, home=home)
         self.engine = LLMEngine(self.model, self.backend, self.tokenizer, config, self.n_ctx)
         self._streams = RequestStreams(self.engine)
 
@@ -124,7 +130,7 @@ class LLM:
         self._check_open()
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        return self.tokenizer.encode_chat(messages, add_generation_prompt=True)
+        return self.tokenizer.encode_chat(messages, add_generation_prompt=True, max_tokens=self.n_ctx)
 
     def _start(self, ids: list[int], kwargs: dict[str, Any]) -> Any:
         """The request's text generator; the request is queued (and validated) before the first piece is asked
@@ -167,7 +173,8 @@ class LLM:
     # ---- helpers ---------------------------------------------------------------------------------------------
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenize(prompt)
+            self._check_open()
+            return self.tokenizer.encode(prompt, max_tokens=self.n_ctx)  # a huge text is refused untokenized
         return self._ids(prompt)
 
     def _ids(self, ids: Sequence[int]) -> list[int]:

@@ -31,9 +31,10 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def get_backend(device: str = "auto", *, threads: int | None = None, exact: bool = False) -> Backend:
+def get_backend(device: str = "auto", *, threads: int | None = None, exact: bool = False,
+                cpu_isa: str | None = None) -> Backend:
     """The backend for ``device`` ("auto", "cpu", "cuda" or "cuda:N"; ``resolve_device`` picks for "auto");
-    imported lazily (torch only for CUDA)."""
+    imported lazily (torch only for CUDA). ``cpu_isa`` forces the CPU's int8 kernels (None: the fastest)."""
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
     if not isinstance(device, str):
@@ -45,7 +46,7 @@ def get_backend(device: str = "auto", *, threads: int | None = None, exact: bool
     if kind == "cpu":
         from quanta.backends.cpu.backend import CPUBackend
 
-        return CPUBackend(threads=threads, exact=exact)
+        return CPUBackend(threads=threads, exact=exact, isa=cpu_isa)
     if kind == "cuda":
         try:
             from quanta.backends.cuda import CUDABackend

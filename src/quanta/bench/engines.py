@@ -47,10 +47,12 @@ class QuantaEngine:
 
     name = "quanta"
 
-    def __init__(self, model: str, *, device: str, threads: int, n_ctx: int, exact: bool = False):
+    def __init__(self, model: str, *, device: str, threads: int, n_ctx: int, exact: bool = False,
+                 cpu_isa: str | None = None):
         from quanta import LLM
 
-        self.llm = LLM(model, device=device, threads=threads, n_ctx=n_ctx, exact=exact)
+        self.llm = LLM(model, device=device, threads=threads, n_ctx=n_ctx, exact=exact, cpu_isa=cpu_isa,
+                       max_seqs=1)
 
     def run(self, prompt: list[int], n_decode: int) -> RunTimes:
         self.llm.engine.reset_prefix_cache()  # an empty context: no prompt-prefix reuse from the previous run
@@ -58,6 +60,14 @@ class QuantaEngine:
         s = result.stats
         decode_s = [1.0 / s.decode_tok_s] * n_decode if s.decode_tok_s else []
         return RunTimes(len(prompt), s.ttft_s, decode_s)
+
+
+def require_llama_cpp() -> None:
+    """A one-line error naming the make target when llama-cpp-python is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise QuantaError(LLAMA_CPP_MISSING)
 
 
 class LlamaCppEngine:

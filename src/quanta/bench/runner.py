@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from quanta import gguf
-from quanta.bench.engines import LlamaCppEngine, QuantaEngine, RunTimes
+from quanta.bench.engines import LlamaCppEngine, QuantaEngine, RunTimes, require_llama_cpp
 from quanta.bench.roofline import kv_bytes_per_token, weight_bytes_per_token
 
 
@@ -38,8 +38,6 @@ class BenchConfig:
     exact: bool = False
     cold_start: bool = True
     breakdown: bool = True
-    busy_cores: int = 0  # competing busy processes during the whole run (contention.py)
-    cpu_isa: str | None = None  # the CPU backend's int8 instruction set (None: the fastest the CPU has)
     busy_cores: int = 0  # competing busy processes during the whole run (contention.py)
     cpu_isa: str | None = None  # the CPU backend's int8 instruction set (None: the fastest the CPU has)
 
@@ -174,8 +172,10 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
     deep_prompt = _prompt(shape["vocab"], cfg.depth, seed=1) if cfg.depth else []
     n_ctx = max(cfg.prompt_tokens, cfg.depth) + cfg.decode_tokens + 8
     bandwidth = _bandwidth(cfg)
+    if cfg.vs:
+        require_llama_cpp()  # before quanta loads: a missing peer is the first thing said
     engines: dict[str, Any] = {"quanta": QuantaEngine(str(cfg.model), device=cfg.device, threads=cfg.threads,
-                                                      n_ctx=n_ctx, exact=cfg.exact, **_isa(cfg))}
+                                                      n_ctx=n_ctx, exact=cfg.exact, cpu_isa=cfg.cpu_isa)}
     if cfg.vs:
         engines["llama.cpp"] = LlamaCppEngine(cfg.model, threads=cfg.threads, n_ctx=n_ctx)
     runs: dict[str, list[RunTimes]] = {k: [] for k in engines}
@@ -218,11 +218,6 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
         if cfg.cold_start:
             report["cold_start_ratio"] = report["cold_start_s"] / base["cold_start_s"]
     return report
-
-
-def _isa(cfg: BenchConfig) -> dict[str, str]:
-    """``cpu_isa`` for the quanta engine when one is forced (QuantaEngine takes it once wired through LLM)."""
-    return {"cpu_isa": cfg.cpu_isa} if cfg.cpu_isa else {}
 
 
 def _bandwidth(cfg: BenchConfig) -> float:

@@ -23,6 +23,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--busy-cores", type=int, default=0, metavar="N",
                    help="keep N cores busy with competing processes during the whole run (a shared machine)")
     p.add_argument("--no-cold-start", action="store_true", help="skip the process-start → first-token runs")
+    p.add_argument("--concurrency", metavar="C,C,...", default=None,
+                   help="instead: the batched engine with C concurrent requests each (quanta.bench.serving)")
+    p.add_argument("--prefix-tokens", type=int, default=1000, metavar="N",
+                   help="with --concurrency: also the TTFT of a request sharing an N-token prefix (0: skip)")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the roofline chart and per-op bars")
 
@@ -41,9 +45,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--depth must be 0 or more")
     if args.busy_cores < 0:
         raise ValueError("--busy-cores must be 0 or more")
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib, which is not installed: run `make bench-deps`")
     prepare_cpu_runtime()  # before the bandwidth probe loads numba's OpenMP layer
     threads = args.threads or len(os.sched_getaffinity(0))
-    cfg = BenchConfig(model=resolve_model(args.model), device=resolve_device(args.device),
+    if args.concurrency is not None:
+        return _serving(args, threads)
+    cfg = BenchConfig(model=resolve_model(args.model, home=args.home), device=resolve_device(args.device),
                       prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, depth=args.depth,
                       repeats=args.repeats, threads=threads, vs=args.vs, exact=args.exact,
                       cold_start=not args.no_cold_start, busy_cores=args.busy_cores,
@@ -54,4 +65,28 @@ def run(args: argparse.Namespace) -> int:
         write_json(report, args.json)
     if args.plot:
         plot(report, args.plot)
+    return 0
+
+
+def _serving(args: argparse.Namespace, threads: int) -> int:
+    from quanta.backends import resolve_device
+    from quanta.bench.serving import ServingConfig, format_serving, plot_serving, run_serving, write_json
+    from quanta.hub import resolve_model
+
+    try:
+        levels = tuple(int(c) for c in args.concurrency.split(","))
+    except ValueError:
+        raise ValueError(f"--concurrency takes comma-separated counts (1,4,16,64), not {args.concurrency!r}") from None
+    if not levels or min(levels) < 1 or args.prefix_tokens < 0:
+        raise ValueError("--concurrency counts must be at least 1, --prefix-tokens 0 or more")
+    report = run_serving(ServingConfig(model=resolve_model(args.model, home=args.home), concurrency=levels,
+                                       device=resolve_device(args.device),
+                                       prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens,
+                                       repeats=args.repeats, threads=threads, exact=args.exact,
+                                       prefix_tokens=args.prefix_tokens), progress=sys.stderr.isatty())
+    print(format_serving(report))
+    if args.json:
+        write_json(report, args.json)
+    if args.plot:
+        plot_serving(report, args.plot)
     return 0

@@ -5,19 +5,17 @@ and the kernels load only for verbs that compute). The environment is read here,
 model cache; checked, then passed down as ``args.home``) and ``QUANTA_DEBUG`` (tracebacks instead of messages).
 Every mistake ends in one line on stderr: `quanta VERB: error: ...` with exit status 2 for a bad command line,
 `quanta: error: ...` for what went wrong while running (2 when the input or the environment is at fault, 1 for
-a bug). The verbs that write files share ``checked_output`` and ``partial_file_removed``.
+a bug).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import importlib
 import os
 import sys
-from pathlib import Path
-from typing import Iterator, NoReturn
+from typing import NoReturn
 
 # verb -> (module under quanta.cli, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -66,35 +64,6 @@ def _version() -> str:
 
 def _load(module: str):
     return importlib.import_module(f"quanta.cli.{module}")
-
-
-def checked_output(path: str) -> Path:
-    """``path`` as a file to (re)write: refused when it is a directory or another non-regular file (a FIFO, a
-    device), which writing a file beside it and renaming it over would replace, or when its directory is missing."""
-    out = Path(path)
-    if not path:
-        raise ValueError("the output path is empty")
-    if out.is_dir():
-        raise ValueError(f"the output {out} is a directory; give a file name")
-    if os.path.lexists(out) and not out.is_file():
-        raise ValueError(f"the output {out} exists and is not a regular file (a FIFO, a device or a broken link); "
-                         "quanta only replaces regular files")
-    if not out.parent.is_dir():
-        raise ValueError(f"the output's directory {out.parent} does not exist")
-    return out
-
-
-@contextlib.contextmanager
-def partial_file_removed(out: Path) -> Iterator[None]:
-    """Remove ``OUT.part`` (where quanta's GGUF writer writes before renaming) when writing ``out`` fails or is
-    interrupted: a full disk, Ctrl-C, any error."""
-    try:
-        yield
-    except BaseException as e:
-        Path(f"{out}.part").unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.errno is not None and e.filename is None:  # say which write failed
-            raise OSError(e.errno, f"{e.strerror} while writing {out}") from None
-        raise
 
 
 def _exit_status(e: Exception) -> int:

@@ -21,14 +21,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from quanta.cli.main import checked_output, partial_file_removed
+    from quanta.gguf import check_destination
     from quanta.hub import resolve_model
     from quanta.quant.convert import convert_file
 
-    out = checked_output(args.output)
+    out = check_destination(args.output)  # before the long work; the writer removes OUT.part on any failure
     src = resolve_model(args.input, home=args.home)
-    with partial_file_removed(out):
-        written = convert_file(src, out, args.file_type)
+    written = convert_file(src, out, args.file_type)
     counts = ", ".join(f"{n} {t}" for t, n in Counter(written.values()).most_common())
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {args.file_type}): {counts}")
     return 0

@@ -20,6 +20,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available cores)")
     p.add_argument("--n-ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     p.add_argument("--exact", action="store_true", help="fp32 activations (reference mode; slower)")
+    p.add_argument("--cpu-isa", choices=("avx2", "avx_vnni", "avx512_vnni"), default=None,
+                   help="force the CPU's int8 kernels onto one instruction set (default: the fastest it has)")
+    p.add_argument("--kv-type", choices=("auto", "f32", "f16", "q8"), default="auto",
+                   help="how the KV cache stores keys and values: auto (f32 on the CPU and in --exact, f16 on "
+                        "CUDA), or q8 (int8: about a quarter of f32's memory)")
     p.add_argument("--speculative", choices=["ngram"], default=None,
                    help="lossless speculative decoding: 'ngram' drafts from the text so far (pays on repetitive "
                         "output: copying, editing, summarising)")
@@ -47,7 +52,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 kv_blocks=getattr(args, "kv_blocks", None),
                 kv_memory=int(kv_memory * 2**30) if kv_memory is not None else None,
                 prefix_caching=not getattr(args, "no_prefix_cache", False),
-                speculative=getattr(args, "speculative", None))
+                speculative=getattr(args, "speculative", None), kv_dtype=getattr(args, "kv_type", "auto"))
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -74,9 +79,9 @@ def load_llm(args: argparse.Namespace) -> Any:
     from quanta.api import LLM
     from quanta.hub import resolve_model
 
-    path = resolve_model(args.model, home=getattr(args, "home", None), progress=True)
+    path = resolve_model(args.model, home=args.home, progress=True)
     return LLM(path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
-               **engine_kwargs(args))
+               cpu_isa=args.cpu_isa, home=args.home, **engine_kwargs(args))
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:

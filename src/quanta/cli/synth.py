@@ -23,15 +23,14 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quanta.cli.main import checked_output, partial_file_removed
+    from quanta.gguf import check_destination
     from quanta.synth import get_preset, synthesize
 
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    out = checked_output(args.output)
+    out = check_destination(args.output)
     preset = get_preset(args.preset).with_overrides(layers=args.layers, vocab=args.vocab)
-    with partial_file_removed(out):
-        result = synthesize(preset, out, args.file_type, seed=args.seed)
+    result = synthesize(preset, out, args.file_type, seed=args.seed)
     print(f"wrote {result.path}: {preset.name} {args.file_type}, {result.bytes / 2**20:.1f} MiB "
           f"in {result.seconds:.1f} s ({result.gb_per_s:.2f} GB/s)")
     return 0

@@ -2,7 +2,7 @@
 
 from quanta.gguf.constants import GGML_TYPES, GGML_TYPES_BY_NAME, GGMLType, ValueType, ggml_type, tensor_nbytes
 from quanta.gguf.reader import GGUFError, GGUFFile, TensorInfo, open_gguf
-from quanta.gguf.writer import TensorToWrite, Typed, encode_metadata, typed, write_gguf
+from quanta.gguf.writer import TensorToWrite, Typed, check_destination, encode_metadata, typed, write_gguf
 
 open = open_gguf  # noqa: A001  - `quanta.gguf.open(path)` is the public entry point
 
@@ -10,4 +10,5 @@ __all__ = [
     "GGML_TYPES", "GGML_TYPES_BY_NAME", "GGMLType", "GGUFError", "GGUFFile", "TensorInfo", "TensorToWrite",
     "Typed", "ValueType", "encode_metadata", "ggml_type", "open", "open_gguf", "tensor_nbytes", "typed",
     "write_gguf",
+    "check_destination",
 ]

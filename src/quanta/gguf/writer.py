@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -160,13 +161,36 @@ def write_gguf(
         head += struct.pack("<IQ", ggml_type(t.type).id, offset)
         offset += -(-tensor_nbytes(t.type, t.shape) // alignment) * alignment
     head += b"\0" * (-len(head) % alignment)
-    tmp = f"{path}.part"
-    with open(tmp, "wb") as f:
-        f.write(head)
-        for t in tensors:
-            data = _as_bytes(t)
-            f.write(data)
-            f.write(b"\0" * (-data.nbytes % alignment))
-            if on_tensor:
-                on_tensor(t)
-    os.replace(tmp, path)
+    check_destination(path)
+    tmp = Path(f"{path}.part")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(head)
+            for t in tensors:
+                data = _as_bytes(t)
+                f.write(data)
+                f.write(b"\0" * (-data.nbytes % alignment))
+                if on_tensor:
+                    on_tensor(t)
+        os.replace(tmp, path)
+    except BaseException as e:  # a full disk, Ctrl-C, any error: no half-written file stays behind
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None and e.filename is None:  # say which write failed
+            raise OSError(e.errno, f"{e.strerror} while writing {path}") from None
+        raise
+
+
+def check_destination(path: str | os.PathLike) -> Path:
+    """``path`` as a file :func:`write_gguf` may (re)write, else ValueError: not a directory or another non-regular
+    file (a FIFO, a device), which writing beside it and renaming over would replace; its directory must exist."""
+    out = Path(path)
+    if not str(path):
+        raise ValueError("the output path is empty")
+    if out.is_dir():
+        raise ValueError(f"the output {out} is a directory; give a file name")
+    if os.path.lexists(out) and not out.is_file():
+        raise ValueError(f"the output {out} exists and is not a regular file (a FIFO, a device or a broken link); "
+                         "quanta only replaces regular files")
+    if not out.parent.is_dir():
+        raise ValueError(f"the output's directory {out.parent} does not exist")
+    return out
