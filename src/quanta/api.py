@@ -22,6 +22,7 @@ from quanta.errors import QuantaError
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
                  "frequency_penalty", "seed", "logit_bias", "logprobs")
 STOP_KEYS = ("max_tokens", "stop", "ignore_eos")
+CONSTRAINT_KEYS = ("json_schema", "regex", "grammar", "response_format")
 
 
 class LLM:
@@ -103,12 +104,16 @@ class LLM:
         returns a list of results in the same order. Keyword arguments: max_tokens (256), temperature (0.8; 0 =
         greedy), top_k (40), top_p (0.95), min_p (0.05), repeat_penalty (1.0), presence_penalty,
         frequency_penalty, seed, stop (str or list), ignore_eos, logit_bias ({token id: bias}), logprobs (None,
-        or how many alternatives to report per token)."""
+        or how many alternatives to report per token); and at most one output constraint: json_schema (a dict or
+        its JSON text), regex (the whole output matches it), grammar (GBNF, as llama.cpp's, or Lark), or
+        response_format (OpenAI's: {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema":
+        ...}}). A constrained request ends when its output is complete."""
         if _is_batch(prompt):
             if not prompt:
                 raise ValueError("the list of prompts is empty")
             params, stop = _settings(kwargs)
-            rids = [self._submit(self._prompt_ids(p), params, stop) for p in prompt]
+            grammar = self._grammar(kwargs)
+            rids = [self._submit(self._prompt_ids(p), params, stop, grammar) for p in prompt]
             return self._streams.run(rids)
         return drain(self._start(self._prompt_ids(prompt), kwargs))
 
@@ -136,10 +141,34 @@ class LLM:
         """The request's text generator; the request is queued (and validated) before the first piece is asked
         for."""
         self.last_result = None
-        return self._streams.text(self._submit(ids, *_settings(kwargs)))
+        return self._streams.text(self._submit(ids, *_settings(kwargs), self._grammar(kwargs)))
 
-    def _submit(self, ids: list[int], params: SamplingParams, stop: StopConditions) -> int:
-        return self._streams.submit(ids, params, stop)
+    def _submit(self, ids: list[int], params: SamplingParams, stop: StopConditions, grammar: Any = None) -> int:
+        constraint = None
+        if grammar is not None:
+            from quanta.engine.constraint import Constraint, ll_tokenizer
+
+            constraint = Constraint(grammar, ll_tokenizer(self.tokenizer, self.model.n_vocab))
+        return self._streams.submit(ids, params, stop, constraint)
+
+    @staticmethod
+    def _grammar(kwargs: dict[str, Any]) -> Any:
+        """The checked grammar of the one constraint in ``kwargs`` (quanta.engine.constraint.Grammar), or None."""
+        given = {k: kwargs[k] for k in CONSTRAINT_KEYS if kwargs.get(k) is not None}
+        if not given:
+            return None
+        if len(given) > 1:
+            raise ValueError(f"give at most one output constraint, not {', '.join(sorted(given))}")
+        from quanta.engine.constraint import Grammar
+
+        (kind, value), = given.items()
+        if kind == "json_schema":
+            return Grammar.json_schema(value)
+        if kind == "regex":
+            return Grammar.regex(value)
+        if kind == "grammar":
+            return Grammar.gbnf(value)
+        return Grammar.from_response_format(value)
 
     def _pieces(self, gen: Any) -> Iterator[str]:
         try:
@@ -214,7 +243,7 @@ def _is_batch(prompt: Any) -> bool:
 
 
 def _settings(kwargs: dict[str, Any]) -> tuple[SamplingParams, StopConditions]:
-    unknown = set(kwargs) - set(SAMPLING_KEYS) - set(STOP_KEYS)
+    unknown = set(kwargs) - set(SAMPLING_KEYS) - set(STOP_KEYS) - set(CONSTRAINT_KEYS)
     if unknown:
         raise ValueError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
     stop = kwargs.get("stop")

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from quanta.engine.constraint import Constraint, apply_bitmask, unpack_mask
+from quanta.engine.constraint import Constraint
+from quanta.engine.sampler import SamplingParams
+from quanta.engine.stop import StopConditions
 
 MAX_TOKENS = 60
 
@@ -183,31 +183,33 @@ SCHEMAS: tuple[SchemaCase, ...] = (
 )
 
 
+def generate_constrained_batch(llm: Any, jobs: list[tuple[list[int], Constraint]], *, max_tokens: int = MAX_TOKENS,
+                               temperature: float = 0.0, seed: int = 0) -> list[tuple[list[int], bool]]:
+    """Runs every (prompt, constraint) job through the engine as one batch (``LLMEngine.add_request`` with the
+    constraint; plain softmax sampling when ``temperature`` > 0, job i seeded with ``seed + i``). Returns each job's
+    ids (EOS left out) and whether its output finished (EOS, or nothing more allowed) rather than being cut at
+    ``max_tokens``."""
+    engine = llm.engine
+    ids: dict[int, list[int]] = {}
+    done: dict[int, bool] = {}
+    rids = []
+    for i, (prompt, constraint) in enumerate(jobs):
+        params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed + i)
+        rid = engine.add_request(prompt, params, StopConditions(max_tokens=max_tokens), constraint)
+        rids.append(rid)
+        ids[rid] = []
+    while len(done) < len(rids):
+        for out in engine.step():
+            if out.request_id in ids:
+                ids[out.request_id] += out.new_token_ids
+                if out.finished:
+                    done[out.request_id] = out.finish_reason == "stop"
+                    engine.release(out.request_id)
+    return [(ids[r], done[r]) for r in rids]
+
+
 def generate_constrained(llm: Any, prompt: list[int], constraint: Constraint, *, max_tokens: int = MAX_TOKENS,
                          temperature: float = 0.0, seed: int = 0) -> tuple[list[int], bool]:
-    """Generates under ``constraint`` through the public API: each step the teacher-forced ``llm.logits`` of the
-    whole sequence (O(n^2), fine for short outputs), the mask applied, then argmax (temperature 0) or a seeded
-    softmax draw; a step whose mask allows one token takes it without a forward. Returns the ids (EOS left out)
-    and whether the output is finished (EOS chosen, or nothing more allowed) rather than cut at ``max_tokens``.
-    To be replaced by the engine's ``generate(..., json_schema=...)`` once it exists."""
-    rng = np.random.default_rng(seed)
-    eog = llm.tokenizer.eog_ids
-    out: list[int] = []
-    while len(out) < max_tokens and not constraint.is_finished:
-        mask = constraint.bitmask()
-        allowed = np.flatnonzero(unpack_mask(mask, constraint.n_vocab))
-        if allowed.size == 1:
-            token = int(allowed[0])
-        else:
-            logits = llm.logits(prompt + out)[-1].astype(np.float64)
-            apply_bitmask(logits, mask)
-            if temperature == 0:
-                token = int(np.argmax(logits))
-            else:
-                p = np.exp((logits - logits.max()) / temperature)
-                token = int(rng.choice(p.size, p=p / p.sum()))
-        constraint.advance(token)
-        if token in eog:
-            return out, True
-        out.append(token)
-    return out, constraint.is_finished
+    """One job of :func:`generate_constrained_batch`."""
+    return generate_constrained_batch(llm, [(prompt, constraint)], max_tokens=max_tokens, temperature=temperature,
+                                      seed=seed)[0]

@@ -17,7 +17,7 @@ import jsonschema
 import llguidance
 import numpy as np
 import pytest
-from constraint_schemas import SCHEMAS, SchemaCase, generate_constrained
+from constraint_schemas import SCHEMAS, SchemaCase, generate_constrained, generate_constrained_batch
 
 import quanta
 from quanta.engine.constraint import (BatchMasker, Constraint, Grammar, TokenRejected, apply_bitmask,
@@ -158,17 +158,14 @@ def _prompt(llm: quanta.LLM, subject: str) -> list[int]:
     return llm.tokenize(f"A JSON value for {subject}:\n")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_generated_json_validates(llm: quanta.LLM, temperature: float) -> None:
     """Every schema of the corpus, the real model choosing: 100% of the outputs are finished, parse, and
     validate against their schema."""
     llt = ll_tokenizer(llm.tokenizer, llm.model.n_vocab)
+    jobs = [(_prompt(llm, case.name), Constraint(Grammar.json_schema(case.schema), llt)) for case in SCHEMAS]
     failures = []
-    for k, case in enumerate(SCHEMAS):
-        constraint = Constraint(Grammar.json_schema(case.schema), llt)
-        ids, finished = generate_constrained(llm, _prompt(llm, case.name), constraint, temperature=temperature,
-                                             seed=k)
+    for case, (ids, finished) in zip(SCHEMAS, generate_constrained_batch(llm, jobs, temperature=temperature)):
         text = llm.detokenize(ids)
         error = _schema_error(case, text) if finished else "not finished"
         if error:

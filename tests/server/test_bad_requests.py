@@ -53,23 +53,27 @@ CHAT_FIELDS = {
     "stream_options": [{"include_usage": True}, "x"],
     "logprobs": ["yes", 1],
     "top_logprobs": [21, -1, 3],
-    "response_format": [{"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": {}}},
-                        {"type": "xml"}, "json", {"type": 5}],
-    "tools": [[{"type": "function", "function": {"name": "f"}}], "x"],
-    "tool_choice": ["required", 5],
+    "response_format": [{"type": "xml"}, "json", {"type": 5}, {"type": "json_schema"},
+                        {"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}},
+                        {"type": "json_schema", "json_schema": {"schema": {"$ref": "#/missing"}}}],
+    "tools": ["x", [{"type": "function"}], [{"type": "function", "function": {"name": "bad name!"}}], [5]],
+    "tool_choice": ["required", 5, {"type": "function", "function": {"name": "nope"}}],
     "functions": [[{"name": "f"}]],
-    "grammar": ["root ::= \"x\"", 5],
+    "grammar": [5, "root ::= missing", 'root ::= "a" ('],
     "user": [5],
     "ignore_eos": ["x"],
 }
+TOO_LONG = message(role="user", content="word " * 2000)
 BAD_MESSAGES = [
     message(role="wizard", content="x"), message(role=1, content="x"), message(role="user"),
     message(role="user", content=5), message(role="user", content=None), message(content="x"),
     message(role="user", content=[{"type": "image_url", "image_url": {"url": "http://x"}}]),
     message(role="user", content=[{"type": "text"}]), message(role="user", content=[{"type": "text", "text": 5}]),
     message(role="user", content=[{"type": "sound"}]), message(role="user", content=[5]),
-    message(role="tool", content="x", tool_call_id="1"), message(role="assistant", tool_calls=[{"id": "1"}]),
-    message(role="user", content="word " * 2000), message(role="user", content=[[[[["deep"]]]]]),
+    message(role="assistant", tool_calls=[{"id": "1"}]), message(role="user", content="x", tool_calls=[
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+    message(role="assistant", tool_calls=[{"id": "1", "type": "function", "function": {"name": "f", "arguments": {}}}]),
+    TOO_LONG, message(role="user", content=[[[[["deep"]]]]]),
 ]
 COMPLETION_FIELDS = {
     "prompt": [MISSING, None, 5, [], [[]], [1.5], [-1], [10**9], [True], [[1, "a"]], {"a": 1}, "word " * 2000,
@@ -102,7 +106,7 @@ def cases() -> list[tuple[str, str, str, object]]:
                 for i, v in enumerate(values)]
     out += [(f"chat-message-{i}", "POST", "/v1/chat/completions", b) for i, b in enumerate(BAD_MESSAGES)]
     out += [("chat-too-long-stream", "POST", "/v1/chat/completions",
-             {**BAD_MESSAGES[13], "stream": True})]
+             {**TOO_LONG, "stream": True})]
     for field, values in COMPLETION_FIELDS.items():
         out += [(f"completion-{field}-{i}", "POST", "/v1/completions", with_field(COMPLETION, field, v))
                 for i, v in enumerate(values)]
@@ -147,9 +151,9 @@ def test_malformed_request_is_a_4xx_error_object(http, case, method, path, body)
 
 
 def test_context_overflow_says_so(http):
-    for path, body in (("/v1/chat/completions", BAD_MESSAGES[13]),
+    for path, body in (("/v1/chat/completions", TOO_LONG),
                        ("/v1/completions", with_field(COMPLETION, "prompt", [1] * (N_CTX + 10))),
-                       ("/v1/chat/completions", {**BAD_MESSAGES[13], "stream": True})):
+                       ("/v1/chat/completions", {**TOO_LONG, "stream": True})):
         error = assert_error_object(http.post(path, json=body), 400)
         assert error["code"] == "context_length_exceeded" and str(N_CTX) in error["message"]
 
@@ -162,7 +166,7 @@ def test_errors_name_the_parameter(http):
     error = assert_error_object(http.post("/v1/chat/completions", json=with_field(CHAT, "model", MISSING)), 400)
     assert error["param"] == "model" and "missing" in error["message"]
     error = assert_error_object(http.post("/v1/chat/completions",
-                                          json=with_field(CHAT, "response_format", {"type": "json_object"})), 400)
+                                          json=with_field(CHAT, "functions", [{"name": "f"}])), 400)
     assert "not supported yet" in error["message"]
 
 

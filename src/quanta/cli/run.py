@@ -73,6 +73,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_sampling_options(p)
     p.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     p.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid against this schema file")
+    shape.add_argument("--regex", metavar="R", help="the whole output matches this regular expression")
+    shape.add_argument("--grammar", metavar="FILE", help="the output follows this grammar file (GBNF or Lark)")
 
 
 def load_llm(args: argparse.Namespace) -> Any:
@@ -105,6 +109,30 @@ def stream_to_stdout(pieces: Any) -> None:
         sys.stdout.flush()
 
 
+def output_constraint(args: argparse.Namespace) -> dict[str, Any]:
+    """The generate keyword of ``--json-schema`` / ``--regex`` / ``--grammar`` (files read and the schema parsed
+    here, so a bad one fails before the model loads; the grammar itself is checked by the engine)."""
+    import json
+    from pathlib import Path
+
+    if args.regex is not None:
+        return {"regex": args.regex}
+    for flag, path in (("--json-schema", args.json_schema), ("--grammar", args.grammar)):
+        if path is None:
+            continue
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{flag} {path}: cannot read it ({e})") from None
+        if flag == "--grammar":
+            return {"grammar": text}
+        try:
+            return {"json_schema": json.loads(text)}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--json-schema {path} is not JSON: {e}") from None
+    return {}
+
+
 def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt == "-" or (args.prompt is None and not sys.stdin.isatty()):
         return sys.stdin.read()
@@ -117,9 +145,10 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     if args.raw and args.system:
         raise ValueError("--system needs the chat template; drop --raw")
+    constraint = output_constraint(args)
     llm = load_llm(args)
     kwargs = sampling_kwargs(args)
-    kwargs["stop"] = args.stop
+    kwargs.update(stop=args.stop, **constraint)
     if args.raw or not uses_chat_template(llm):
         pieces = llm.stream(prompt, **kwargs)
     else:

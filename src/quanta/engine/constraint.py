@@ -125,7 +125,8 @@ class Grammar:
 
     @classmethod
     def gbnf(cls, source: str) -> Grammar:
-        """A llama.cpp GBNF grammar (``root ::= ...``), converted to Lark by llguidance."""
+        """A llama.cpp GBNF grammar (``root ::= ...``), converted to Lark by llguidance (a Lark grammar passes
+        through as it is)."""
         _require_str(source, "gbnf")
         try:
             lark = any_to_lark(source)

@@ -28,7 +28,7 @@ from quanta.errors import ContextOverflowError, QuantaError
 from quanta.models.base import Model
 
 NON_FINITE = ("the model produced non-finite logits (NaN or inf): its weights are probably corrupt "
-              "(`quanta inspect --check MODEL` scans them)")
+              "(`quanta inspect --check MODEL` scans them); or the output constraint allowed no token")
 
 
 @dataclass
@@ -76,8 +76,11 @@ class LLMEngine:
                 f"generated token); shorten the prompt or raise n_ctx")
         spec = self.config.speculative
         drafter = NgramDrafter(spec) if spec is not None and constraint is None else None
-        seq = Sequence(next(self._ids), prompt, params, stop, self.tokenizer.stream_decoder(skip_special=True),
-                       frozenset(self.tokenizer.eog_ids), self.n_ctx, constraint, drafter)
+        # constrained text is exactly what the grammar accepted: special tokens it names (tool-call tags) kept,
+        # no space clean-up
+        decoder = self.tokenizer.stream_decoder(skip_special=constraint is None, clean=constraint is None)
+        seq = Sequence(next(self._ids), prompt, params, stop, decoder, frozenset(self.tokenizer.eog_ids), self.n_ctx,
+                       constraint, drafter)
         self.requests[seq.id] = seq
         if stop.max_tokens == 0:
             seq.finish("length")

@@ -154,15 +154,13 @@ def logprobs_of(raw: np.ndarray, token: int, top: int) -> TokenLogprob:
     return TokenLogprob(token, float(row[token] - log_z), tuple((int(i), float(row[i] - log_z)) for i in best))
 
 
-def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator, context: Seq[int],
-               constraint: Any = None) -> int:
-    """The next token from a logits ``row`` (1-D float32, modified in place) after ``context`` (the sequence's
-    tokens so far); -1 when the row is not finite (a broken model) or a constraint leaves no token."""
+def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator, context: Seq[int]) -> int:
+    """The next token from a logits ``row`` (1-D float32, modified in place; a constraint's mask already applied)
+    after ``context`` (the sequence's tokens so far); -1 when the row is not finite (a broken model) or the mask
+    leaves no token."""
     if not np.isfinite(row.max()):
         return -1
     adjust(row, params, context)
-    if constraint is not None:
-        constraint.apply(row)
     if params.greedy:
         token = int(np.argmax(row))
         return token if np.isfinite(row[token]) else -1
@@ -225,6 +223,7 @@ class BatchSampler:
 
     def __init__(self, backend: Backend):
         self.backend = backend
+        self._masker: Any = None  # constraint.BatchMasker, made when a constrained sequence first samples
 
     def on_device(self, logits: Array) -> Array:
         """The greedy token of every row, left on the device (-1 for a non-finite row)."""
@@ -235,6 +234,7 @@ class BatchSampler:
         sequence verifying ``k`` draft tokens, its k + 1 rows' kept drafts and one more (engine/speculation.py).
         An empty list marks non-finite logits."""
         rows = self.backend.to_host(logits)
+        masks = self._masks(seqs, rows.shape[1])
         tokens: list[list[int]] = []
         logprobs: list[list[TokenLogprob]] = []
         r = 0
@@ -245,10 +245,24 @@ class BatchSampler:
             if k:
                 new = verify(mine, seq.draft, seq.params, seq.rng, seq.token_ids)
             else:
-                token = sample_row(np.array(mine[0], np.float32), seq.params, seq.rng, seq.token_ids,
-                                   seq.constraint)
+                row = np.array(mine[0], np.float32)
+                if seq.id in masks:
+                    masks[seq.id](row)
+                token = sample_row(row, seq.params, seq.rng, seq.token_ids)
                 new = [token] if token >= 0 else []
             tokens.append(new)
             top = seq.params.logprobs
             logprobs.append([logprobs_of(mine[i], t, top) for i, t in enumerate(new)] if top is not None else [])
         return tokens, logprobs
+
+    def _masks(self, seqs: list[Sequence], n_vocab: int) -> dict[int, Any]:
+        """For each constrained sequence, a function that masks its logits row; all masks computed in one call."""
+        constrained = [s for s in seqs if s.constraint is not None]
+        if not constrained:
+            return {}
+        from quanta.engine.constraint import BatchMasker, apply_bitmask
+
+        if self._masker is None or self._masker.n_vocab != n_vocab:
+            self._masker = BatchMasker(n_vocab)
+        bits = self._masker.compute([s.constraint for s in constrained])
+        return {s.id: (lambda row, b=bits[i]: apply_bitmask(row, b)) for i, s in enumerate(constrained)}

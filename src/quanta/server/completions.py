@@ -22,6 +22,7 @@ from quanta.server.engine_loop import Accepted, ChoiceOutput, EngineLoop, Failed
 from quanta.server.errors import APIError, internal, invalid, unavailable
 from quanta.server.protocol import ChatBody, CompletionBody, Plan, chat_plan, completion_plan, parse_body, parse_json
 from quanta.server.responses import DONE, Usage, Writer, error_event
+from quanta.server.structured import ToolStream
 from quanta.server.state import LOADING_RETRY_S, ServerState
 
 DISCONNECTED = object()  # put into a job's events by its watcher when the client goes away
@@ -139,8 +140,15 @@ async def _collect(receive: Receive, job: Job, plan: Plan, writer: Writer, engin
     finally:
         watcher.cancel()
     lp = plan.logprobs is not None
-    choices = [writer.choice(i, results.echo(i) + "".join(results.texts[i]), results.reasons[i] or "stop",
-                             results.logprobs[i] if lp else None) for i in range(len(plan.choices))]
+    choices = []
+    for i in range(len(plan.choices)):
+        text: str | None = results.echo(i) + "".join(results.texts[i])
+        reason, calls = results.reasons[i] or "stop", None
+        if plan.tools is not None:
+            text, calls = plan.tools.parse(text)
+            reason = "tool_calls" if calls else reason
+            text = text if text is not None or calls else ""
+        choices.append(writer.choice(i, text, reason, results.logprobs[i] if lp else None, calls))
     return JSONResponse(writer.response(choices, results.usage))
 
 
@@ -151,6 +159,7 @@ class EventStream:
     def __init__(self, job: Job, plan: Plan, writer: Writer, engine_loop: EngineLoop):
         self.job, self.plan, self.writer, self.engine_loop = job, plan, writer, engine_loop
         self.ended = False  # every choice finished, or the server ended them
+        self.tools = [ToolStream(plan.tools) for _ in plan.choices] if plan.tools is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(_watch(receive, self.job))
@@ -202,15 +211,23 @@ class EventStream:
             self.ended = True
             out += [error_event(event.message, event.code), DONE]
             return True
-        o = event.output
+        o, i = event.output, event.index
         problem = results.take(event)
         lp = self.plan.logprobs is not None
-        if o.text or (lp and o.logprobs):
-            out.append(w.delta_chunk(event.index, o.text, o.logprobs if lp else None, offsets[event.index]))
-            offsets[event.index] += len(o.text)
+        text, calls = o.text, []
+        if self.tools is not None:  # content goes out until a call starts; the calls when the choice ends
+            text = self.tools[i].push(o.text)
+            if o.finished and problem is None:
+                rest, calls = self.tools[i].finish()
+                text += rest
+        if text or (lp and o.logprobs):
+            out.append(w.delta_chunk(i, text, o.logprobs if lp else None, offsets[i]))
+            offsets[i] += len(text)
         if problem is not None:
             out += [error_event(problem, "internal_error" if o.finish_reason == "error" else "shutdown"), DONE]
             return True
+        if calls:
+            out.append(w.tool_call_chunks(i, calls))
         if o.finished:
-            out.append(w.finish_chunk(event.index, o.finish_reason))
+            out.append(w.finish_chunk(i, "tool_calls" if calls else o.finish_reason))
         return False

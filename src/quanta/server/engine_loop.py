@@ -164,8 +164,12 @@ class EngineLoop:
 
     def _add(self, job: Job, index: int) -> None:
         c = job.choices[index]
-        extra = {"constraint": c.constraint} if c.constraint is not None else {}
-        rid = self.engine.add_request(c.prompt_ids, c.params, c.stop, **extra)
+        constraint = None
+        if c.grammar is not None:
+            from quanta.engine.constraint import Constraint, ll_tokenizer
+
+            constraint = Constraint(c.grammar, ll_tokenizer(self.engine.tokenizer, self.engine.model.n_vocab))
+        rid = self.engine.add_request(c.prompt_ids, c.params, c.stop, constraint)
         job.rids[index] = rid
         self._owners[rid] = (job, index)
 

@@ -3,8 +3,8 @@ out-of-range values, unknown roles, prompts that cannot fit: each a 400 naming t
 ``Plan``: the prompt ids, ``SamplingParams`` and ``StopConditions`` of each choice.
 
 Omitted sampling fields take the engine's defaults (those of `quanta run`). Unknown fields are ignored, as most
-OpenAI-compatible servers do. Output constraints (``response_format``, ``grammar``, ``tools``) pass through
-``output_constraint``: the one place that changes when the engine takes them.
+OpenAI-compatible servers do. Output constraints (``response_format``, ``grammar``) and tool calls (``tools``,
+``tool_choice``, ``tool`` messages) become a grammar per choice (structured.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quanta.engine import SamplingParams, StopConditions
+from quanta.engine.constraint import Grammar
 from quanta.errors import ContextOverflowError, QuantaError
 from quanta.server.errors import invalid, not_supported
+from quanta.server.structured import ToolPlan, output_grammar, tool_chat
 
 MAX_N = 16
 MAX_STOPS = 16
@@ -37,7 +39,8 @@ class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class _GenerationBody(_Body):
@@ -69,6 +72,7 @@ class ChatBody(_GenerationBody):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     functions: list[Any] | None = None
 
 
@@ -102,7 +106,7 @@ class Choice:
     params: SamplingParams
     stop: StopConditions
     leader: int | None = None
-    constraint: Any = None
+    grammar: Grammar | None = None  # the output must follow it (each choice gets its own Constraint)
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,7 @@ class Plan:
     include_usage: bool
     logprobs: int | None  # alternatives per token, None: no logprobs
     echo: list[str]  # completions' echo: each prompt's text (empty: no echo)
+    tools: ToolPlan | None = None  # the reply may call these functions: its text is parsed into tool_calls
 
     @property
     def prompt_tokens(self) -> int:
@@ -211,37 +216,14 @@ def stop_conditions(body: _GenerationBody, max_tokens: int | None, n_ctx: int) -
                           ignore_eos=body.ignore_eos)
 
 
-def output_constraint(body: _GenerationBody) -> Any:
-    """The constraint the output must follow (None: free text). The engine does not take constraints from the
-    server yet: ``response_format`` json_object / json_schema and ``grammar`` answer a clear 400 until then."""
-    rf = body.response_format
-    if rf is not None:
-        kind = rf.get("type")
-        if kind in ("json_object", "json_schema"):
-            raise not_supported(f"response_format {kind!r}", "response_format")
-        if kind != "text":
-            raise invalid("response_format.type must be 'text', 'json_object' or 'json_schema'",
-                          "response_format.type")
-    if body.grammar is not None:
-        raise not_supported("grammar", "grammar")
-    return None
-
-
-def _check_tools(body: ChatBody) -> None:
-    if body.tools or body.functions:
-        raise not_supported("tools", "tools" if body.tools else "functions")
-    if body.tool_choice not in (None, "none"):
-        raise not_supported("tool_choice", "tool_choice")
-
-
 def _choices(prompts: list[list[int]], n: int, params: SamplingParams, stop: StopConditions,
-             constraint: Any) -> list[Choice]:
+             grammar: Grammar | None) -> list[Choice]:
     out = []
     for ids in prompts:
         lead = len(out)
         for i in range(n):
             p = params if i == 0 or params.seed is None else replace(params, seed=(params.seed + i) % MAX_SEED)
-            out.append(Choice(ids, p, stop, None if i == 0 else lead, constraint))
+            out.append(Choice(ids, p, stop, None if i == 0 else lead, grammar))
     return out
 
 
@@ -262,15 +244,25 @@ def check_fits(n_tokens: int, n_ctx: int, param: str) -> None:
 
 def chat_plan(body: ChatBody, tokenizer: Any, n_ctx: int, n_vocab: int) -> Plan:
     """The plan of a chat completion: the messages rendered by the model's chat template."""
-    _check_tools(body)
-    constraint = output_constraint(body)
+    grammar = output_grammar(body.response_format, body.grammar)
     include_usage = _stream_flags(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
+    if body.functions:
+        raise not_supported("functions (the deprecated form of tools)", "functions")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     messages = [_template_message(m, i) for i, m in enumerate(body.messages)]
+    tools, tools_arg = None, None
+    if body.tools or body.tool_choice not in (None, "none") or any(
+            m["role"] == "tool" or m.get("tool_calls") for m in messages):
+        messages, tools_arg, tools, tool_grammar = tool_chat(messages, body.tools, body.tool_choice,
+                                                             body.parallel_tool_calls, tokenizer.chat_template,
+                                                             tokenizer)
+        if tool_grammar is not None and grammar is not None:
+            raise invalid("tool calls and response_format or grammar cannot be combined", "response_format")
+        grammar = grammar or tool_grammar
     try:
-        ids = tokenizer.encode_chat(messages, add_generation_prompt=True, max_tokens=n_ctx)
+        ids = tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tools_arg, max_tokens=n_ctx)
     except ContextOverflowError as e:
         raise invalid(str(e), "messages", "context_length_exceeded") from None
     except QuantaError as e:
@@ -278,14 +270,14 @@ def chat_plan(body: ChatBody, tokenizer: Any, n_ctx: int, n_vocab: int) -> Plan:
     check_fits(len(ids), n_ctx, "messages")
     stop = stop_conditions(body, body.max_completion_tokens or body.max_tokens, n_ctx)
     params = sampling(body, logprobs, n_vocab)
-    return Plan(_choices([ids], body.n, params, stop, constraint), body.stream, include_usage, logprobs, [])
+    return Plan(_choices([ids], body.n, params, stop, grammar), body.stream, include_usage, logprobs, [], tools)
 
 
-def _template_message(m: Message, i: int) -> dict[str, str]:
-    if m.role in ("tool", "function"):
-        raise not_supported(f"{m.role!r} messages", f"messages[{i}].role")
-    if m.tool_calls:
-        raise not_supported("tool calls in messages", f"messages[{i}].tool_calls")
+def _template_message(m: Message, i: int) -> dict[str, Any]:
+    if m.role == "function":
+        raise not_supported("'function' messages (the deprecated form of 'tool')", f"messages[{i}].role")
+    if m.tool_calls and m.role != "assistant":
+        raise invalid("only assistant messages have tool_calls", f"messages[{i}].tool_calls")
     if m.content is None:
         if m.role != "assistant":
             raise invalid(f"a {m.role} message needs content", f"messages[{i}].content")
@@ -294,7 +286,23 @@ def _template_message(m: Message, i: int) -> dict[str, str]:
         text = m.content
     else:
         text = "".join(_text_part(part, i, j) for j, part in enumerate(m.content))
-    return {"role": "system" if m.role == "developer" else m.role, "content": text}
+    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": text}
+    if m.tool_calls:
+        out["tool_calls"] = [_tool_call(c, f"messages[{i}].tool_calls[{k}]") for k, c in enumerate(m.tool_calls)]
+    if m.role == "tool":
+        out.update(tool_call_id=m.tool_call_id or "", name=m.name or "")
+    return out
+
+
+def _tool_call(call: dict[str, Any], where: str) -> dict[str, Any]:
+    """An earlier call of the conversation, checked: {"id", "type": "function", "function": {"name", "arguments"}}."""
+    fn = call.get("function")
+    if call.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise invalid('a tool call needs "type": "function" and "function": {"name": ..., "arguments": ...}', where)
+    if not isinstance(fn.get("arguments", "{}"), str):
+        raise invalid("a tool call's arguments are a JSON string", f"{where}.function.arguments")
+    return {"id": str(call.get("id", "")), "type": "function",
+            "function": {"name": fn["name"], "arguments": fn.get("arguments", "{}")}}
 
 
 def _text_part(part: dict[str, Any], i: int, j: int) -> str:
@@ -311,7 +319,7 @@ def _text_part(part: dict[str, Any], i: int, j: int) -> str:
 
 def completion_plan(body: CompletionBody, tokenizer: Any, n_ctx: int, n_vocab: int) -> Plan:
     """The plan of a (legacy) completion: each prompt string or token list as it is, n choices for each."""
-    constraint = output_constraint(body)
+    grammar = output_grammar(body.response_format, body.grammar)
     include_usage = _stream_flags(body)
     if body.suffix:
         raise not_supported("suffix", "suffix")
@@ -328,7 +336,7 @@ def completion_plan(body: CompletionBody, tokenizer: Any, n_ctx: int, n_vocab: i
     echo = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts] if body.echo else []
     stop = stop_conditions(body, body.max_tokens, n_ctx)
     params = sampling(body, body.logprobs, n_vocab)
-    return Plan(_choices(ids, body.n, params, stop, constraint), body.stream, include_usage, body.logprobs, echo)
+    return Plan(_choices(ids, body.n, params, stop, grammar), body.stream, include_usage, body.logprobs, echo)
 
 
 def _prompt_list(prompt: str | list) -> list[str | list[int]]:

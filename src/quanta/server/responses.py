@@ -89,17 +89,33 @@ class Writer:
             return self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}])
         return self._chunk([{"index": index, "text": "", "logprobs": None, "finish_reason": reason}])
 
+    def tool_call_chunks(self, index: int, calls: list[dict[str, Any]]) -> bytes:
+        """A choice's calls as OpenAI streams them: per call a delta with its id, type and name, then its
+        arguments."""
+        out = []
+        for k, call in enumerate(calls):
+            head = {"index": k, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            args = {"index": k, "function": {"arguments": call["function"]["arguments"]}}
+            for part in (head, args):
+                out.append(self._chunk([{"index": index, "delta": {"tool_calls": [part]}, "logprobs": None,
+                                         "finish_reason": None}]))
+        return b"".join(out)
+
     def usage_chunk(self, usage: Usage) -> bytes:
         return sse({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                     "created": self.created, "model": self.model, "system_fingerprint": FINGERPRINT,
                     "choices": [], "usage": usage.body()})
 
     # ---- whole responses -----------------------------------------------------------------------------------
-    def choice(self, index: int, text: str, reason: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any]:
+    def choice(self, index: int, text: str | None, reason: str, logprobs: Sequence[TokenLogprob] | None,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         lp = None if logprobs is None else self.logprobs(logprobs, 0)
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": text, "refusal": None},
-                    "logprobs": lp, "finish_reason": reason}
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            return {"index": index, "message": message, "logprobs": lp, "finish_reason": reason}
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
 
     def response(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:

@@ -156,10 +156,12 @@ class Tokenizer:
         """The text of ``ids`` (llama.cpp's ``llama_detokenize``); invalid UTF-8 becomes U+FFFD."""
         return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
 
-    def stream_decoder(self, skip_special: bool = False) -> StreamDecoder:
-        """An incremental decoder whose pieces concatenate to ``decode(all ids, skip_special)``."""
+    def stream_decoder(self, skip_special: bool = False, clean: bool = True) -> StreamDecoder:
+        """An incremental decoder whose pieces concatenate to ``decode(all ids, skip_special)``; ``clean=False``
+        keeps the spaces a GPT-2 style vocabulary's clean-up removes (" ?", " 's"): constrained output must be the
+        exact bytes its grammar accepted."""
         hidden = self._hidden if skip_special else frozenset()
-        return StreamDecoder(self.pieces, hidden, self.vocab.add_space_prefix, self.vocab.clean_spaces)
+        return StreamDecoder(self.pieces, hidden, self.vocab.add_space_prefix, clean and self.vocab.clean_spaces)
 
     # --- chat -------------------------------------------------------------------------------------------
     def token_text(self, name: str) -> str:
