@@ -155,3 +155,26 @@ def test_non_finite_logits_end_their_request_with_an_error(tmp_path, exact, alon
         broken.generate("Hello", max_tokens=4, temperature=0.7, seed=1)
     assert broken.engine.blocks.n_used == 0
     assert exact.generate(PROMPTS[0], **GREEDY).token_ids == alone[0]
+
+
+def test_prefill_memory_grows_linearly_with_the_prompt(tmp_path):
+    """A long prompt is prefilled in chunks, and a chunk's attention scores a tile of queries at a time: the peak
+    scratch grows with the prompt's length, not its square (an 8,000-token prompt once took 2.6 GB)."""
+    import tracemalloc
+    from dataclasses import replace
+
+    from quanta.synth import get_preset, synthesize
+
+    path = tmp_path / "long.gguf"
+    preset = replace(get_preset("smollm2-135m"), n_layers=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2,
+                     context_length=8192)
+    synthesize(preset, path, "Q8_0", progress=False)
+    llm = LLM(path, device="cpu", n_ctx=8192, max_seqs=1)
+    peaks = []
+    for n in (1000, 4000):
+        llm.generate([7] * 10, max_tokens=1)  # warm: buffers of a small batch
+        tracemalloc.start()
+        llm.generate(list(range(100, 100 + n)), max_tokens=1)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] < 6 * peaks[0], peaks  # 4x the prompt: quadratic scratch would be 16x

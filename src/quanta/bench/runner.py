@@ -53,19 +53,14 @@ def _prompt(vocab: int, n: int, seed: int = 0) -> list[int]:
 
 
 def _model_shape(path: Path) -> dict[str, int]:
+    from quanta.models import ModelConfig
+
     with gguf.open(path) as f:
-        arch = f.architecture
-        md = f.metadata
-        heads = md[f"{arch}.attention.head_count"]
-        d = md[f"{arch}.embedding_length"]
-        return {
-            "weights": weight_bytes_per_token(f),
-            "layers": md[f"{arch}.block_count"],
-            "kv_heads": md.get(f"{arch}.attention.head_count_kv", heads),
-            "head_dim": md.get(f"{arch}.attention.key_length", d // heads),
-            "vocab": len(md["tokenizer.ggml.tokens"]),
-            "file_bytes": f.file_size,
-        }
+        embd = f.tensors.get("token_embd.weight")
+        c = ModelConfig.from_metadata(f.metadata, embd.shape[0] if embd is not None else 0)
+        return {"weights": weight_bytes_per_token(f), "layers": c.n_layers, "kv_heads": c.n_kv_heads,
+                "head_dim": c.head_dim, "vocab": len(f.metadata["tokenizer.ggml.tokens"]),
+                "file_bytes": f.file_size, "n_ctx_train": c.n_ctx_train}
 
 
 _COLD_QUANTA = """
@@ -171,6 +166,9 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
     prompt = _prompt(shape["vocab"], cfg.prompt_tokens)
     deep_prompt = _prompt(shape["vocab"], cfg.depth, seed=1) if cfg.depth else []
     n_ctx = max(cfg.prompt_tokens, cfg.depth) + cfg.decode_tokens + 8
+    if n_ctx > shape["n_ctx_train"]:
+        raise ValueError(f"the prompt (-p / --depth) and the decoded tokens (-n) need a context of {n_ctx:,} tokens, "
+                         f"more than the {shape['n_ctx_train']:,} the model was trained for")
     bandwidth = _bandwidth(cfg)
     if cfg.vs:
         require_llama_cpp()  # before quanta loads: a missing peer is the first thing said

@@ -81,11 +81,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def load_llm(args: argparse.Namespace) -> Any:
     from quanta.api import LLM
-    from quanta.hub import resolve_model
 
-    path = resolve_model(args.model, home=args.home, progress=True)
-    return LLM(path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
-               cpu_isa=args.cpu_isa, home=args.home, **engine_kwargs(args))
+    return LLM(args.model, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
+               cpu_isa=args.cpu_isa, home=args.home, progress=True, **engine_kwargs(args))
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:

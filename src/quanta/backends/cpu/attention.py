@@ -25,6 +25,8 @@ import math
 import numba
 import numpy as np
 
+QUERY_TILE = 128  # prefill queries per score matrix
+
 
 @numba.njit(nogil=True, cache=True)
 def hadamard(x: np.ndarray) -> None:
@@ -158,7 +160,8 @@ def attention_blas(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_sc
                    window: int, softcap: float, out: np.ndarray) -> None:
     """The same attention for many queries of one sequence (a prefill chunk; q, positions and out are that
     sequence's rows): per kv head, scores = Q·Kᵀ and P·V through BLAS sgemm over its keys (``keys``: the pool slots
-    of positions 0.. of the sequence), with the causal / sliding-window mask applied to the score matrix."""
+    of positions 0.. of the sequence), with the causal / sliding-window mask applied to the score matrix; queries
+    go ``QUERY_TILE`` at a time, so the scores take O(tile x context) memory, not O(chunk x context)."""
     n, n_heads, hd = q.shape
     group = n_heads // k_cache.shape[0]
     n_keys = int(positions.max()) + 1
@@ -168,10 +171,6 @@ def attention_blas(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_sc
     else:
         keys = keys[lo:n_keys]
     key_pos = np.arange(lo, n_keys, dtype=np.int32)
-    allowed = key_pos[None, :] <= positions[:, None]
-    if window > 0:
-        allowed &= key_pos[None, :] > positions[:, None] - window
-    blocked = np.repeat(~allowed, group, axis=0)  # rows: (token, head in group)
     o = out.reshape(n, n_heads, hd)
     for h in range(k_cache.shape[0]):
         kh, vh = k_cache[h, keys], v_cache[h, keys]
@@ -182,14 +181,21 @@ def attention_blas(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_sc
                   .astype(np.float32) @ rot)
             vh = ((vh.reshape(-1, groups, hd // groups) * v_scale[h, keys][:, :, None]).reshape(-1, hd)
                   .astype(np.float32) @ rot)
-        qh = q[:, h * group:(h + 1) * group].reshape(n * group, hd)
-        s = qh @ kh.T
-        s *= np.float32(scale)
-        if softcap > 0:
-            np.tanh(s / np.float32(softcap), out=s)
-            s *= np.float32(softcap)
-        s[blocked] = -np.inf
-        s -= s.max(axis=1, keepdims=True)
-        np.exp(s, out=s)
-        s /= s.sum(axis=1, keepdims=True)
-        o[:, h * group:(h + 1) * group] = (s @ vh).reshape(n, group, hd)
+        for a in range(0, n, QUERY_TILE):
+            b = min(n, a + QUERY_TILE)
+            pos = positions[a:b]
+            seen = int(pos.max()) + 1 - lo  # causal: the tile's keys end at its last query
+            allowed = key_pos[None, :seen] <= pos[:, None]
+            if window > 0:
+                allowed &= key_pos[None, :seen] > pos[:, None] - window
+            qh = q[a:b, h * group:(h + 1) * group].reshape((b - a) * group, hd)
+            s = qh @ kh[:seen].T
+            s *= np.float32(scale)
+            if softcap > 0:
+                np.tanh(s / np.float32(softcap), out=s)
+                s *= np.float32(softcap)
+            s[np.repeat(~allowed, group, axis=0)] = -np.inf  # rows: (token, head in group)
+            s -= s.max(axis=1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=1, keepdims=True)
+            o[a:b, h * group:(h + 1) * group] = (s @ vh[:seen]).reshape(b - a, group, hd)
