@@ -268,7 +268,8 @@ class GGUFFile:
 
     @property
     def architecture(self) -> str | None:
-        return self.metadata.get("general.architecture")
+        """``general.architecture`` (None when the file states none, or not as a string)."""
+        return architecture_of(self.metadata, required=False)
 
     def close(self) -> None:
         """Release the file. The mmap stays valid while tensor views are alive (closed when they are freed)."""
@@ -292,3 +293,14 @@ class GGUFFile:
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
     """Open and validate a GGUF file (mmap, zero-copy tensors)."""
     return GGUFFile(path)
+
+
+def architecture_of(metadata: dict[str, Any], *, required: bool = True) -> str | None:
+    """A model's ``general.architecture``: its name, or (``required``) a GGUFError when missing or not a string;
+    the one place the key is read."""
+    arch = metadata.get("general.architecture")
+    if isinstance(arch, str) and arch:
+        return arch
+    if required:
+        raise GGUFError(f"general.architecture is {arch!r}; expected the architecture's name (a string)")
+    return None

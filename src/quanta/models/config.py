@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from quanta.errors import GGUFError, UnsupportedModelError
+from quanta.gguf.reader import architecture_of
 
 MAX_COUNT = 2**31 - 1  # sizes and positions are int32 in the kernels
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -51,9 +52,7 @@ class ModelConfig:
     def from_metadata(md: dict[str, Any], n_vocab_rows: int) -> ModelConfig:
         """The config in ``md``; ``n_vocab_rows`` (the embedding's rows) is the vocabulary size where the metadata
         states none. A missing, mistyped or out-of-range value is a ``GGUFError`` naming its key."""
-        arch = md.get("general.architecture")
-        if not isinstance(arch, str) or not arch:
-            raise GGUFError(f"general.architecture is {arch!r}; expected the architecture's name (a string)")
+        arch = architecture_of(md)
         hp = _HyperParameters(md, arch)
         d_model, n_heads = hp.count("embedding_length"), hp.count("attention.head_count")
         if hp.key("attention.key_length") not in md and d_model % n_heads:

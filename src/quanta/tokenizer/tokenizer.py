@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from quanta.errors import ContextOverflowError
+from quanta.gguf.reader import architecture_of
 from quanta.tokenizer.bpe_engine import Engine, load_engine
 from quanta.tokenizer.detokenize import StreamDecoder, TokenPieces, clean_spaces
 from quanta.tokenizer.errors import RenderTooLongError, TokenizerError
@@ -232,4 +233,4 @@ def load_tokenizer(model: Any, *, cache_dir: str | os.PathLike | None = None,
 
 def _from_metadata(metadata: dict[str, Any], cache: Path) -> Tokenizer:
     vocab = load_vocab(metadata)
-    return Tokenizer(vocab, metadata.get("tokenizer.chat_template"), metadata.get("general.architecture"), cache)
+    return Tokenizer(vocab, metadata.get("tokenizer.chat_template"), architecture_of(metadata, required=False), cache)

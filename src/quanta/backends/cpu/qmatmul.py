@@ -50,10 +50,6 @@ class QWeight:
     block_size: int
     type_size: int
 
-    @property
-    def nbytes_resident(self) -> int:
-        return int(self.raw2d.nbytes)
-
 
 def prepare_weight(tensor) -> QWeight:
     """Wrap a ``quanta.gguf.TensorInfo`` (1-D tensors become one row); no copy, no repack."""
