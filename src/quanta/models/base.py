@@ -78,10 +78,7 @@ class Model:
                               f"(--n-ctx)")
 
     def tensor(self, name: str) -> TensorInfo:
-        try:
-            return self.gguf.tensors[name]
-        except KeyError:
-            raise QuantaError(f"{self.gguf.path.name}: the {self.arch} model lacks tensor {name!r}") from None
+        return self.gguf.tensors[name]  # present with the right shape and type: load_model validated the file
 
     def matrix(self, name: str) -> Any:
         return self.backend.load_weight(self.tensor(name))
@@ -133,9 +130,7 @@ class Model:
 
     def kv_shape(self, n_blocks: int, block_size: int) -> KVShape:
         """The KV pool of ``n_blocks`` blocks of ``block_size`` tokens for this model's layers and heads."""
-        c = self.config
-        if c.value_dim != c.head_dim:
-            raise QuantaError("key and value head sizes differ; not supported")
+        c = self.config  # (key and value heads of one size: load_model validated it)
         return KVShape(c.n_layers, c.n_kv_heads, c.head_dim, n_blocks, block_size)
 
     # ---- shared pieces of the forward ------------------------------------------------------------------------
