@@ -1,13 +1,15 @@
 """The GPU check harness, run on a CUDA machine: the CUDA tests, GPU against CPU exact mode on synthetic (and a
-real) model, and `quanta bench --device cuda` on the three benchmark shapes (docs/PERF.md's GPU table).
+real) model, and the benchmarks: the batched engine at several concurrencies (`quanta bench --concurrency`), the
+single-request bench, the old code's single-stream decode side by side (``--old DIR``: a source tree of an older
+commit), the decode matmul routes per batch size, and the captured decode graphs' GPU time per batch size.
 
-Everything goes through quanta's public interface: the `quanta synth` and `quanta bench` verbs (one process each:
-a process that has run torch's profiler, as the bench's breakdown does, decodes slower afterwards) and `quanta.LLM`.
+Everything but the two timing sections (``kernels``, ``graphs``) goes through quanta's public interface: the
+`quanta synth` and `quanta bench` verbs (one process each) and `quanta.LLM`.
 
-    OUT=gpu_out scripts/gpu_check.sh [--only tests,compare,bench,deep] [--real MODEL.gguf]
+    OUT=gpu_out scripts/gpu_check.sh [--only tests,serving,bench,old,kernels,graphs,compare] [--real MODEL.gguf]
 
-Log in $OUT/gpu_check.log, every number (the bench's whole --json reports too) in $OUT/gpu_check.json, the
-CUDA tests' output in $OUT/gpu_tests.txt; the summary is printed last.
+Log in $OUT/gpu_check.log, every number (the benches' --json reports too) in $OUT/gpu_check.json, the CUDA tests'
+output in $OUT/gpu_tests.txt; the summary is printed last.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,22 +29,16 @@ from typing import Any
 
 import numpy as np
 
-# the shapes of docs/PERF.md's GPU table: (synth preset, file type)
-BENCH_MODELS = (("tinyllama-1.1b", "Q4_K_M"), ("llama-3.2-1b", "Q4_K_M"), ("qwen2.5-1.5b", "Q4_0"))
+SERVING_MODEL = ("tinyllama-1.1b", "Q4_K_M")
+CONCURRENCY = "1,4,16,64,256"
 # GPU vs CPU exact: one model per architecture and the 4-, 5- and 6-bit layouts; (preset, type, layers or None)
-COMPARE_MODELS = (("smollm2-135m", "Q4_1", None), ("qwen2.5-0.5b", "Q4_0", 8), ("gemma3-270m", "Q4_K_M", None),
-                  ("llama-3.2-1b", "Q5_K_M", 4))
-# section → the bench invocations it makes per model: (flags, label)
-BENCH_RUNS = {"bench": [(["-p", "8", "-n", "128", "--depth", "1024", "--repeats", "5"], "decode"),
-                        (["-p", "512", "-n", "8", "--repeats", "5"], "prefill")],
-              "deep": [(["-p", "8", "-n", "128", "--depth", "4096", "--repeats", "3"], "depth4096")]}
+COMPARE_MODELS = (("smollm2-135m", "Q4_1", None), ("gemma3-270m", "Q4_K_M", None), ("llama-3.2-1b", "Q5_K_M", 4))
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PROSE = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined a "
          "screw press with movable metal type and an oil-based ink. Within fifty years, presses were running in more "
          "than two hundred cities across Europe, and the cost of a book fell so far that ordinary merchants could own "
          "several. Scholars argue about how quickly literacy followed, but most agree that cheap pamphlets spread new "
-         "ideas faster than any earlier technology. Religious reformers, scientists and poets all used the press to "
-         "reach readers they would never meet, and governments soon learned to license printers and censor what they "
-         "produced.")
+         "ideas faster than any earlier technology.")
 
 
 @dataclass
@@ -77,11 +74,13 @@ class Run:
         (self.out / "gpu_check.json").write_text(json.dumps({**self.results, "summary": self.summary}, indent=1))
 
 
-def quanta_cli(*args: str, timeout_s: int = 600) -> str:
-    """One `quanta` command in its own process; its stdout (stderr too when it fails)."""
-    p = subprocess.run([sys.executable, "-m", "quanta", *args], capture_output=True, text=True, timeout=timeout_s)
+def quanta_cli(*args: str, timeout_s: int = 600, src: str = "src") -> str:
+    """One `quanta` command in its own process (from the source tree ``src``); its stdout."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}  # src first
+    p = subprocess.run([sys.executable, "-m", "quanta", *args], capture_output=True, text=True, timeout=timeout_s,
+                       env=env)
     if p.returncode:
-        raise RuntimeError(f"quanta {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr[-4000:]}")
+        raise RuntimeError(f"quanta {' '.join(args)} exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
     return p.stdout
 
 
@@ -93,10 +92,10 @@ def synth(run: Run, preset: str, file_type: str, layers: int | None = None) -> P
     return path
 
 
-def gpu_tests(run: Run, path: str = "tests/backends/cuda", timeout_s: int = 540) -> None:
-    """The CUDA tests on the GPU (those needing gguf-py skip where it is missing: gpu_check.sh says how to send it)."""
+def gpu_tests(run: Run, path: str = "tests/backends/cuda", timeout_s: int = 420) -> None:
+    """The CUDA tests on the GPU, 8 processes (their kernels compile in parallel)."""
     with run.section(f"pytest {path}"):
-        cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", "-rfs"]
+        cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", "-rfs", "-n", "8"]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
             out = p.stdout + p.stderr
@@ -108,6 +107,138 @@ def gpu_tests(run: Run, path: str = "tests/backends/cuda", timeout_s: int = 540)
         run.summary.append(f"GPU tests: {last}")
 
 
+def bandwidth(run: Run) -> float:
+    from quanta.bench.roofline import cuda_read_bandwidth
+
+    bw = cuda_read_bandwidth()
+    run.results.setdefault("bandwidth_gb_s", []).append(bw / 1e9)
+    run.say(f"   read bandwidth {bw / 1e12:.2f} TB/s (4 GiB fp32 sum, median of 10)")
+    return bw
+
+
+def serving(run: Run) -> None:
+    """`quanta bench --concurrency` on TinyLlama: 128-token prompts, 128 new tokens each."""
+    with run.section("quanta bench --concurrency"):
+        path = synth(run, *SERVING_MODEL)
+        report_path = run.out / "serving.json"
+        flags = ["--concurrency", CONCURRENCY, "-p", "128", "-n", "128", "--repeats", "2", "--prefix-tokens", "1000"]
+        table = quanta_cli("bench", "-m", str(path), "--device", "cuda", *flags, "--json", str(report_path),
+                           "--plot", str(run.out / "serving.png"))
+        run.say(table)
+        r = json.loads(report_path.read_text())
+        run.results["serving"] = r
+        for row in r["runs"]:
+            run.summary.append(f"serving {row['concurrency']:>3}: decode {row['decode_tok_s']:>9,.0f} tok/s "
+                               f"(per seq {row['per_seq_decode_tok_s']:,.0f}), prefill {row['prefill_tok_s']:,.0f}, "
+                               f"TTFT p50/p90/p99 {row['ttft_ms_p50']:.0f}/{row['ttft_ms_p90']:.0f}/"
+                               f"{row['ttft_ms_p99']:.0f} ms")
+        p = r.get("prefix_cache")
+        if p:
+            run.summary.append(f"prefix cache: TTFT {p['first_ttft_ms']:.1f} -> {p['shared_ttft_ms']:.1f} ms "
+                               f"({100 * p['ratio']:.1f}%) sharing {p['prefix_tokens']} tokens")
+
+
+def single(run: Run, label: str, src: str) -> None:
+    """`quanta bench --device cuda -p 128 -n 128` (one request) from the source tree ``src``."""
+    with run.section(f"quanta bench, one request ({label})"):
+        path = synth(run, *SERVING_MODEL)
+        report_path = run.out / f"bench_{label}.json"
+        table = quanta_cli("bench", "-m", str(path), "--device", "cuda", "-p", "128", "-n", "128", "--repeats", "3",
+                           "--no-cold-start", "--json", str(report_path), src=src)
+        run.say(table)
+        r = json.loads(report_path.read_text())
+        run.results[f"bench_{label}"] = {k: v for k, v in r.items() if k != "breakdown"} | {
+            "breakdown": r.get("breakdown")}
+        run.summary.append(f"one request ({label}): decode {r['decode_tok_s']:,.0f} tok/s "
+                           f"({r['roofline_pct']:.1f}% of {r['bandwidth_gb_s'] / 1e3:.2f} TB/s), prefill-128 "
+                           f"{r['prefill_tok_s']:,.0f} tok/s, TTFT {r['ttft_ms']:.1f} ms")
+
+
+def kernels(run: Run) -> None:
+    """Decode matmul time per step of TinyLlama's shapes (22 layers and the lm head) by route and row count."""
+    import torch
+    import triton
+
+    from quanta.backends.cuda import batch_gemv, gemm, q8gemv
+    from quanta.backends.cuda.qmatmul import _Epilogue, _gemv
+    from quanta.backends.cuda.repack import repack
+    from quanta.synth.random_weights import random_tensor
+
+    with run.section("decode matmul routes"):
+        rng = np.random.default_rng(0)
+        shapes = [(2304, 2048, "Q4_K", 22), (256, 2048, "Q6_K", 22), (2048, 2048, "Q4_K", 22),
+                  (11264, 2048, "Q4_K", 22), (2048, 5632, "Q6_K", 22), (32000, 2048, "Q6_K", 1)]
+        weights = [(repack(torch.from_numpy(random_tensor(t, (n, k), rng)).cuda(), t, (n, k)), count)
+                   for n, k, t, count in shapes]
+        scratch = torch.empty(11264 * 2048, dtype=torch.bfloat16, device="cuda")
+        table = {}
+        for m in ROWS:
+            x = torch.randn(m, 5632, device="cuda")
+            routes = {"gemm": lambda w, xs, ep: gemm.gemm(xs, w, ep, False),
+                      "dequant": lambda w, xs, ep: gemm.gemm(xs, w, ep, False, scratch=scratch)}
+            if m <= 64:
+                routes["batch" if m > 1 else "gemv_q8"] = (
+                    lambda w, xs, ep: (batch_gemv.batch_gemv_q8 if xs.shape[0] > 1 else q8gemv.gemv_q8)(
+                        q8gemv.quantize(xs), w, ep, True))
+            if 1 < m <= 8:
+                routes["gemv_q8 x m"] = lambda w, xs, ep: q8gemv.gemv_q8(q8gemv.quantize(xs), w, ep, True)
+            if m <= 4:
+                routes["gemv float"] = lambda w, xs, ep: _gemv(xs, w, ep, True)
+            for name, fn in routes.items():
+                total = 0.0
+                for w, count in weights:
+                    f = routes["gemm"] if name == "dequant" and w.n * w.k > scratch.numel() else fn  # (lm head)
+                    xs = x[:, :w.k].contiguous()
+                    ep = _Epilogue(torch.empty(m, w.n, device="cuda"), None, None, None, w.n)
+                    total += count * triton.testing.do_bench(lambda: f(w, xs, ep), warmup=10, rep=30,
+                                                             return_mode="median")
+                table.setdefault(name, {})[m] = total
+            run.say(f"   rows {m:>3}: " + ", ".join(f"{k} {v[m]:.3f} ms" for k, v in table.items() if m in v))
+        run.results["matmul_ms_per_step"] = table
+
+
+def graph_times(run: Run) -> None:
+    """GPU time of one captured decode step per batch size (replays timed with events), next to the engine's
+    whole step: what the host adds."""
+    import torch
+
+    from quanta import LLM
+    from quanta.bench.serving import run_burst
+
+    with run.section("decode graphs: GPU time per step"):
+        path = synth(run, *SERVING_MODEL)
+        llm = LLM(path, device="cuda", n_ctx=272, max_seqs=64)
+        vocab = llm.config.vocab_size
+        rng = np.random.default_rng(0)
+        rows = {}
+        for c in (1, 4, 16, 64):
+            prompts = [rng.integers(1000, vocab - 4000, 128).tolist() for _ in range(c)]
+            run_burst(llm.engine, prompts, 8)  # captures the bucket
+            burst = run_burst(llm.engine, prompts, 128)
+            replay = llm.engine.runner.graphs.replay_of(c)
+            times = []
+            for _ in range(30):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                replay()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+            gpu_ms = float(np.median(times))
+            step_ms = 1e3 * c / burst["decode_tok_s"]
+            rows[c] = {"gpu_ms": gpu_ms, "step_ms": step_ms, "host_ms": step_ms - gpu_ms,
+                       "gpu_tok_s": 1e3 * c / gpu_ms, "engine_tok_s": burst["decode_tok_s"]}
+            run.say(f"   {c:>3} sequences: replay {gpu_ms:.3f} ms, engine step {step_ms:.3f} ms "
+                    f"(host {step_ms - gpu_ms:.3f} ms); GPU-only {1e3 * c / gpu_ms:,.0f} tok/s")
+        free = llm.backend.free_memory()
+        per_seq = llm.backend.kv_nbytes(llm.model.kv_shape(2048 // 16, 16))
+        rows["pool"] = {"free_after_pool_gib": free / 2**30, "kv_bytes_per_2k_seq": per_seq}
+        run.results["graphs"] = rows
+        run.summary.append("decode step GPU / engine ms: " + ", ".join(
+            f"{c}: {r['gpu_ms']:.3f}/{r['step_ms']:.3f}" for c, r in rows.items() if c != "pool"))
+        llm.close()
+
+
 def perplexity(logits: np.ndarray, ids: list[int]) -> float:
     lg = logits[:-1].astype(np.float64)
     top = lg.max(axis=1)
@@ -116,8 +247,8 @@ def perplexity(logits: np.ndarray, ids: list[int]) -> float:
 
 
 def compare(run: Run, name: str, model: Path | tuple[str, str, int | None], n_tokens: int = 32) -> None:
-    """GPU exact mode against CPU exact mode (greedy continuations, teacher-forced logits), and the GPU default
-    mode's top-1 and perplexity against CPU exact mode; ``model``: a file, or a synth (preset, type, layers)."""
+    """GPU exact mode against CPU exact mode (greedy continuations of a batch of prompts, teacher-forced logits),
+    and the GPU default mode's top-1 and perplexity against CPU exact mode; ``model``: a file, or a synth."""
     from quanta import LLM
 
     with run.section(f"GPU vs CPU exact: {name}"):
@@ -134,9 +265,9 @@ def compare(run: Run, name: str, model: Path | tuple[str, str, int | None], n_to
                     text = llm.tokenize(PROSE)[:200]
                 else:
                     text = rng.integers(5, min(vocab, 30000), size=64).tolist()
-                prompts = [rng.integers(5, min(vocab, 30000), size=n).tolist() for n in (7, 16)]
-                tokens[label] = [llm.generate(p, max_tokens=n_tokens, temperature=0.0, ignore_eos=True).token_ids
-                                 for p in prompts]
+                prompts = [rng.integers(5, min(vocab, 30000), size=n).tolist() for n in (7, 16, 3, 40)]
+                results = llm.generate(prompts, max_tokens=n_tokens, temperature=0.0, ignore_eos=True)
+                tokens[label] = [r.token_ids for r in results]
                 logits[label] = llm.logits(text)
         cpu, gpu, fast = logits["cpu"], logits["cuda"], logits["cuda-fast"]
         same = sum(a == b for a, b in zip(tokens["cpu"], tokens["cuda"]))
@@ -149,38 +280,18 @@ def compare(run: Run, name: str, model: Path | tuple[str, str, int | None], n_to
                    ppl_rel_fast=perplexity(fast, text) / p_cpu - 1, seconds=time.perf_counter() - t0)
         run.say("  ", json.dumps(row))
         run.results.setdefault("compare", []).append(row)
-        run.summary.append(f"{name:28s} exact: greedy {row['greedy_equal']} equal, top-1 {row['top1']:.3f}, "
-                           f"ppl {100 * row['ppl_rel']:.3f}%, max logit diff {row['max_logit_diff']:.1e}; "
-                           f"default mode: top-1 {row['top1_fast']:.3f}, ppl {100 * row['ppl_rel_fast']:+.2f}%")
-
-
-def bench(run: Run, preset: str, file_type: str, runs: list[tuple[list[str], str]]) -> None:
-    """`quanta bench --device cuda` with each run's flags; its report (the --json document) kept whole."""
-    name = f"{preset} {file_type}"
-    for flags, label in runs:
-        with run.section(f"quanta bench {name} ({label})"):
-            path = synth(run, preset, file_type)
-            report_path = run.work / "bench.json"
-            table = quanta_cli("bench", "-m", str(path), "--device", "cuda", "--no-cold-start", *flags,
-                               "--json", str(report_path))
-            run.say(table)
-            r = json.loads(report_path.read_text())
-            run.results.setdefault("bench", []).append({"model": name, "run": label, "flags": flags, **r})
-            line = (f"{name:24s} {label:9s} `quanta bench --device cuda {' '.join(flags)}`: decode "
-                    f"{r['decode_tok_s']:,.0f} tok/s ({r['roofline_pct']:.1f}% of {r['bandwidth_gb_s'] / 1e3:.2f} "
-                    f"TB/s, {r['bytes_per_token'] / 1e6:.0f} MB/token), prefill-{r['prompt_tokens']} "
-                    f"{r['prefill_tok_s']:,.0f} tok/s")
-            if "depth_decode_tok_s" in r:
-                line += (f", @ depth {r['depth']} {r['depth_decode_tok_s']:,.0f} "
-                         f"({100 * r['depth_decode_tok_s'] / r['decode_tok_s']:.1f}%)")
-            run.summary.append(line)
+        run.summary.append(f"{name:28s} exact: greedy {row['greedy_equal']} equal (batched), top-1 "
+                           f"{row['top1']:.3f}, ppl {100 * row['ppl_rel']:.3f}%, max logit diff "
+                           f"{row['max_logit_diff']:.1e}; default mode: top-1 {row['top1_fast']:.3f}, ppl "
+                           f"{100 * row['ppl_rel_fast']:+.2f}%")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="tests,compare,bench", help="sections: tests, compare, bench, deep "
-                    "(the bench at depth 4,096)")
+    ap.add_argument("--only", default="tests,serving,bench,old,kernels,graphs,compare",
+                    help="sections: tests, serving, bench, old, kernels, graphs, compare")
     ap.add_argument("--real", default="", help="a real GGUF to compare too (e.g. SmolLM2)")
+    ap.add_argument("--old", default="", help="the src/ folder of an older commit, for `old`")
     ap.add_argument("--out", type=Path, default=Path("gpu_out"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/quanta_gpu"), help="where synthetic models are kept")
     args = ap.parse_args()
@@ -190,13 +301,22 @@ def main() -> None:
     run = Run(args.out, args.work)
     import torch
 
-    run.say(f"torch {torch.__version__}, triton {__import__('triton').__version__}, {torch.cuda.get_device_name()}")
+    run.say(f"torch {torch.__version__}, triton {__import__('triton').__version__}, {torch.cuda.get_device_name()}, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    bandwidth(run)
+    if "old" in only and args.old:  # the old code first: one request on an idle machine, as the new one below
+        single(run, "old", args.old)
+    if "bench" in only:
+        single(run, "new", "src")
+    if "serving" in only:
+        serving(run)
+    if "graphs" in only:
+        graph_times(run)
+    if "kernels" in only:
+        kernels(run)
+    bandwidth(run)
     if "tests" in only:
         gpu_tests(run)
-    if "bench" in only or "deep" in only:  # before the CPU-heavy comparisons, for short device budgets
-        runs = [r for section, section_runs in BENCH_RUNS.items() if section in only for r in section_runs]
-        for preset, file_type in BENCH_MODELS:
-            bench(run, preset, file_type, runs)
     if "compare" in only:
         for preset, file_type, layers in COMPARE_MODELS:
             compare(run, f"{preset} {file_type}" + (f" ({layers} layers)" if layers else ""),

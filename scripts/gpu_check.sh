@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # The GPU check harness on a CUDA machine (scripts/gpu_check.py; its arguments pass through); files go to $OUT.
-# Optional: the real SmolLM2 file sent in two halves (gpu_parts/smol.00.part, smol.01.part) is reassembled and compared.
+# Optional, each a git-ignored path to name in the device call's carry:
+#  - gpu_parts/smol.00.part and smol.01.part, the real SmolLM2 file in two halves (two consecutive runs: the first
+#    half stays on the warm machine): reassembled and compared;
+#  - gpu_parts/pylib: gguf-py (`cp -r .venv/lib/python3.*/site-packages/gguf gpu_parts/pylib/`), so the reference
+#    tests run instead of skipping;
+#  - .gpu_tree/old/src: an older commit's source (`git archive COMMIT src | tar -x -C .gpu_tree/old`), whose
+#    single-stream decode is measured side by side (--old).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1 OUT="${OUT:-gpu_out}"
-# gguf-py and PyYAML (which it imports) copied into gpu_parts/pylib (git-ignored: name it in the device call's carry;
-# cp -r .venv/lib/python3.11/site-packages/{gguf,yaml} gpu_parts/pylib/): the reference tests run instead of skipping
 [ -d gpu_parts/pylib ] && export PYTHONPATH=src:gpu_parts/pylib
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$OUT/gpu_check.log"
-real=()
+extra=()
 if [ -f gpu_parts/smol.00.part ] && [ -f gpu_parts/smol.01.part ]; then
-  cat gpu_parts/smol.00.part gpu_parts/smol.01.part > /tmp/smollm2.gguf && real=(--real /tmp/smollm2.gguf)
+  cat gpu_parts/smol.00.part gpu_parts/smol.01.part > /tmp/smollm2.gguf && extra+=(--real /tmp/smollm2.gguf)
 fi
-python3 scripts/gpu_check.py --out "$OUT" "${real[@]}" "$@"
+[ -d .gpu_tree/old/src ] && extra+=(--old .gpu_tree/old/src)
+python3 scripts/gpu_check.py --out "$OUT" "${extra[@]}" "$@"

@@ -26,3 +26,17 @@ pytest.importorskip("triton")
 @pytest.fixture(scope="session")
 def device() -> str:
     return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture
+def few_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode GEMV tiles of many rows each (even, as the rope epilogue needs), so a forward launches few programs:
+    the interpreter runs them one by one. On a GPU the tuned tiles stay."""
+    if HAS_CUDA:
+        return
+    from quanta.backends.cuda import batch_gemv, q8gemv, qmatmul
+
+    for table in (qmatmul.GEMV_CONFIG, q8gemv.Q8_CONFIG):
+        for key in list(table):
+            monkeypatch.setitem(table, key, {"BN": 32, "BJ": 8, "num_warps": 1})
+    monkeypatch.setattr(batch_gemv, "MIN_PROGRAMS", 1)

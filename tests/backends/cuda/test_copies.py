@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from batches import placement, run_steps
 from tiny_models import write_tiny_model
 
 from quanta import gguf
@@ -44,14 +45,17 @@ def test_norm_and_activation_write_the_gemm_operand(kind: str, device: str) -> N
 @pytest.mark.parametrize("kind", ["q4", "q8"])
 def test_prefill_attention_writes_the_gemm_operand(kind: str, device: str) -> None:
     rng = np.random.default_rng(1)
-    n, h, hkv, hd, n_ctx = 7, 4, 2, 32, 16
+    n, h, hkv, hd, n_slots = 7, 4, 2, 32, 16
     q = torch.from_numpy(rng.standard_normal((n, h, hd)).astype(np.float32)).to(device)
-    kc, vc = (torch.from_numpy(rng.standard_normal((hkv, n_ctx, hd)).astype(np.float32)).to(device)
+    kc, vc = (torch.from_numpy(rng.standard_normal((hkv, n_slots, hd)).astype(np.float32)).to(device)
               for _ in range(2))
-    positions = torch.arange(3, 3 + n, dtype=torch.int32, device=device)
+    host = placement([([2, 0, 3], 3, 4), ([1], 0, 3)], 4)  # two sequences' chunks
+    meta = type(host)(*(torch.from_numpy(getattr(host, f)).to(device) for f in
+                        ("positions", "slots", "token_seq", "block_tables", "seq_lens", "query_starts")),
+                      host.n_seqs, host.max_query_len, host.block_size)
     out = torch.empty((n, h * hd), device=device)
     words = _words(out, kind)
-    attention.attention(q, kc, vc, positions, scale=hd**-0.5, out=out, words=words)
+    attention.attention(q, kc, vc, meta, scale=hd**-0.5, out=out, words=words)
     _same(words, out)
 
 
@@ -71,17 +75,16 @@ def test_prefill_with_copies_equals_prefill_without(arch: str, types: dict, tmp_
 
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, types=types, d_model=256, d_ff=256, n_heads=8,
                             head_dim=32, n_layers=1)
-    be = CUDABackend(device, graphs=False)
+    be = CUDABackend(device, graphs=False, q8=False)  # without int8 activations: a short prompt takes the GEMM
     model = load_model(gguf.open(path), be, 32)
     permuted = []
     monkeypatch.setattr(gemm, "word_order", lambda x, *a, _f=gemm.word_order: permuted.append(1) or _f(x, *a))
-    prompt = np.arange(3, 12, dtype=np.int32)
+    prompt = list(range(3, 12))
     logits = {}
     for with_copies in (True, False):
         be._copies.words = with_copies
         permuted.clear()
-        cache = be.kv_cache(model.kv_shape())
-        logits[with_copies] = be.to_host(be.forward(model, prompt, 0, cache, all_logits=True)).copy()
+        logits[with_copies] = run_steps(be, model, [prompt], [[(0, 0, 9)]])[0]
         calls = len(permuted)
         if with_copies:  # every GEMM of the copies' kind read its producer's copy
             assert calls == (3 if types is MIXED else 0)  # MIXED: v, down and the lm head permute x themselves

@@ -1,5 +1,5 @@
 """RMSNorm (with and without the fused residual add), RoPE (both pair layouts), gated activations, the in-place
-elementwise ops and the device argmax, against numpy."""
+elementwise ops, the device argmax of a batch's rows and the row gather, against numpy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from quanta.backends.cuda import activation, norm, rope
-from quanta.backends.cuda.sampling import Argmax
+from quanta.backends.cuda.sampling import ArgmaxRows
 
 
 def _t(a: np.ndarray, device: str) -> torch.Tensor:
@@ -67,23 +67,45 @@ def test_gated_activations_and_inplace_ops(device: str) -> None:
                                30 * np.tanh(g * 10 / 30), rtol=1e-5, atol=1e-5)
 
 
-def test_argmax_takes_the_first_maximum(device: str) -> None:
-    x = np.random.default_rng(3).standard_normal(5000).astype(np.float32)
-    x[4321] = x[777] = 50.0  # a tie across blocks: numpy's answer is the first
-    am = Argmax(x.size, torch.device(device))
-    assert int(am(_t(x, device)).item()) == int(np.argmax(x)) == 777
+def test_argmax_rows_take_the_first_maximum_and_flag_broken_rows(device: str) -> None:
+    """Per row numpy's argmax (a tie across blocks: the first), and -1 for a row with a NaN or an infinite
+    maximum (as the CPU backend)."""
+    x = np.random.default_rng(3).standard_normal((6, 5000)).astype(np.float32)
+    x[0, 4321] = x[0, 777] = 50.0
+    x[2, 100] = np.nan
+    x[3, 4999] = np.inf
+    x[4] = -np.inf
+    am = ArgmaxRows(8, 5000, torch.device(device))
+    got = am(_t(x, device)).cpu().numpy()
+    want = x.argmax(axis=1)
+    want[2:5] = -1
+    np.testing.assert_array_equal(got, want)
+    assert got[0] == 777
+    np.testing.assert_array_equal(am(_t(x[5:], device)).cpu().numpy(), want[5:])  # fewer rows, same scratch
+
+
+def test_backend_gathers_rows_and_argmaxes(device: str) -> None:
+    from quanta.backends.cuda.backend import CUDABackend
+
+    be = CUDABackend(device)
+    x = np.random.default_rng(4).standard_normal((5, 300)).astype(np.float32)
+    rows = be.from_host(np.asarray([4, 0, 2], np.int32))
+    got = be.gather_rows(be.from_host(x), rows)
+    np.testing.assert_array_equal(be.to_host(got), x[[4, 0, 2]])
+    np.testing.assert_array_equal(be.to_host(be.argmax_rows(got)), x[[4, 0, 2]].argmax(axis=1))
 
 
 @pytest.mark.parametrize("neox", [False, True])
 @pytest.mark.parametrize("hq, hk, hd, rot", [(4, 2, 16, 12), (5, 2, 128, 96)])  # 128: 3 query-head blocks
 def test_rope_qk_rotates_both_and_stores_the_cache(neox: bool, hq: int, hk: int, hd: int, rot: int,
                                                    device: str) -> None:
-    """One launch: q and k rotated like two rope() calls (the reference above), k and v stored in the cache at
-    their positions (the unrotated tail dims too: rot < hd)."""
+    """One launch: q and k rotated like two rope() calls (the reference above) to their positions, k and v stored
+    in the pool at their slots (the unrotated tail dims too: rot < hd)."""
     rng = np.random.default_rng(3)
     n, n_ctx = 3, 40
     q, k, v = (rng.standard_normal((n, h, hd)).astype(np.float32) for h in (hq, hk, hk))
     pos = np.array([2, 9, 33], np.int32)
+    slots = np.array([17, 0, 38], np.int32)
     inv_freq = (1.0 / 10000 ** (np.arange(0, rot, 2) / rot)).astype(np.float32)
     table = rope.rope_table(inv_freq, n_ctx, torch.device(device))
     post = torch.from_numpy(pos).to(device)
@@ -92,12 +114,12 @@ def test_rope_qk_rotates_both_and_stores_the_cache(neox: bool, hq: int, hk: int,
     rope.rope(want_k, post, table, neox)
     qt, kt, vt = _t(q, device), _t(k, device), _t(v, device)
     kc, vc = torch.zeros((hk, n_ctx, hd), device=device), torch.zeros((hk, n_ctx, hd), device=device)
-    rope.rope_qk(qt, kt, post, table, neox, v=vt, cache=(kc, vc))
+    rope.rope_qk(qt, kt, post, table, neox, v=vt, cache=(kc, vc), slots=torch.from_numpy(slots).to(device))
     np.testing.assert_array_equal(qt.cpu().numpy(), want_q.cpu().numpy())
     np.testing.assert_array_equal(kt.cpu().numpy(), want_k.cpu().numpy())
-    np.testing.assert_array_equal(kc.cpu().numpy()[:, pos].transpose(1, 0, 2), want_k.cpu().numpy())
-    np.testing.assert_array_equal(vc.cpu().numpy()[:, pos].transpose(1, 0, 2), v)
-    others = np.setdiff1d(np.arange(n_ctx), pos)
+    np.testing.assert_array_equal(kc.cpu().numpy()[:, slots].transpose(1, 0, 2), want_k.cpu().numpy())
+    np.testing.assert_array_equal(vc.cpu().numpy()[:, slots].transpose(1, 0, 2), v)
+    others = np.setdiff1d(np.arange(n_ctx), slots)
     assert not kc.cpu().numpy()[:, others].any() and not vc.cpu().numpy()[:, others].any()
     qt2, kt2 = _t(q, device), _t(k, device)
     rope.rope_qk(qt2, kt2, post, table, neox)  # without a cache: rotation only

@@ -139,7 +139,7 @@ def test_backend_int8_copies_follow_the_float_values(device: str) -> None:
                                                             "ffn_gate": "Q4_K", "ffn_up": "Q4_K", "ffn_down": "Q6_K"},
                                                   32), ("gemma3", {"token_embd": "F16"}, 16)])
 def test_default_mode_decode_close_to_cpu_exact(arch: str, types: dict, head_dim: int, tmp_path, device: str,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                monkeypatch: pytest.MonkeyPatch, few_programs: None) -> None:
     """Decode in the default mode runs the int8 GEMV and stays within int8-activation error of the CPU's exact
     logits: with the attention writing the o-projection's int8 input (head dim 32) and without (16: the matmul
     quantizes it)."""
@@ -152,23 +152,26 @@ def test_default_mode_decode_close_to_cpu_exact(arch: str, types: dict, head_dim
 
     calls = []
     monkeypatch.setattr(q8, "gemv_q8", lambda *a, _f=q8.gemv_q8: calls.append(1) or _f(*a))
-    for key in list(q8.Q8_CONFIG):  # few programs: the interpreter runs them one by one
-        monkeypatch.setitem(q8.Q8_CONFIG, key, {"BN": 32, "BJ": 8, "num_warps": 1})
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, types=types, d_model=256, d_ff=256, n_layers=1,
                             vocab=64, head_dim=head_dim)
     import quanta.backends.cuda.copies as copies_module
 
     fallbacks = []  # matmul inputs no producer wrote as int8
     monkeypatch.setattr(copies_module, "quantize", lambda *a, _f=q8.quantize: fallbacks.append(1) or _f(*a))
+    from batches import BLOCK, TABLES, placement
+
     logits = []
+    tokens = [1, 5, 7, 9, 11]
     for be in (CPUBackend(exact=True), CUDABackend(device)):
         model = load_model(qgguf.open(path), be, 32)
-        cache = be.kv_cache(model.kv_shape())
-        be.forward(model, np.asarray([1, 5, 7], np.int32), 0, cache, all_logits=False)
-        fallbacks.clear()
-        steps = [be.to_host(be.forward(model, np.asarray([t], np.int32), 3 + i, cache, all_logits=False)).copy()
-                 for i, t in enumerate([9, 11])]
-        logits.append(np.concatenate(steps))
+        cache = be.kv_cache(model.kv_shape(12, BLOCK))
+        steps = []
+        for first, n in ((0, 3), (3, 1), (4, 1)):  # a prefill, then two decode steps
+            fallbacks.clear()
+            meta = placement([(TABLES[0], first, n)], BLOCK)
+            ids = be.from_host(np.asarray(tokens[first:first + n], np.int32))
+            steps.append(np.array(be.to_host(model.forward(ids, be.metadata(meta), cache, None)))[-1:])
+        logits.append(np.concatenate(steps[1:]))
     want, got = logits
     assert calls, "the int8 GEMV did not run"
     assert (len(fallbacks) == 0) == (head_dim == 32)  # head dim 16: the o-projection quantizes its input

@@ -64,7 +64,7 @@ def _inplace_elementwise_kernel(x_ptr, b_ptr, N, B, s, OP: tl.constexpr, BLOCK: 
 
 
 def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu: bool,
-           q8: Q8Activation | None, words: WordsCopy | None) -> torch.Tensor:
+           q8: Q8Activation | None, words: WordsCopy | None, pdl_on: bool) -> torch.Tensor:
     assert gate.is_contiguous() and up.is_contiguous() and gate.shape == up.shape
     if out is None:
         out = torch.empty_like(gate)
@@ -72,41 +72,41 @@ def _gated(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None, gelu:
     qargs = (q8.q, q8.d) if q8 is not None else (out, out)
     yw, word_flags = WordsCopy.kernel_args(words, out)
     _gated_activation_kernel[(triton.cdiv(n, _BLOCK),)](gate, up, out, *qargs, yw, n, GELU=gelu, Q8=q8 is not None,
-                                                        BLOCK=_BLOCK, **word_flags, **pdl.launch())
+                                                        BLOCK=_BLOCK, **word_flags, **pdl.launch(pdl_on))
     return out
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
-             q8: Q8Activation | None = None, words: WordsCopy | None = None) -> torch.Tensor:
+             q8: Q8Activation | None = None, words: WordsCopy | None = None, pdl_on: bool = False) -> torch.Tensor:
     """``silu(gate) * up``; ``q8``: also written there as int8 activations; ``words``: as the GEMM's bf16
     operand."""
-    return _gated(gate, up, out, False, q8, words)
+    return _gated(gate, up, out, False, q8, words, pdl_on)
 
 
 def gelu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
-             q8: Q8Activation | None = None, words: WordsCopy | None = None) -> torch.Tensor:
+             q8: Q8Activation | None = None, words: WordsCopy | None = None, pdl_on: bool = False) -> torch.Tensor:
     """``gelu_tanh(gate) * up``; ``q8``: also written there as int8 activations; ``words``: as the GEMM's bf16
     operand."""
-    return _gated(gate, up, out, True, q8, words)
+    return _gated(gate, up, out, True, q8, words, pdl_on)
 
 
-def _inplace(x: torch.Tensor, b: torch.Tensor | None, s: float, op: int) -> torch.Tensor:
+def _inplace(x: torch.Tensor, b: torch.Tensor | None, s: float, op: int, pdl_on: bool) -> torch.Tensor:
     assert x.is_contiguous()
     n = x.numel()
     _inplace_elementwise_kernel[(triton.cdiv(n, _BLOCK),)](x, b if b is not None else x, n,
                                                            b.numel() if b is not None else 1, s, OP=op,
-                                                           BLOCK=_BLOCK, **pdl.launch())
+                                                           BLOCK=_BLOCK, **pdl.launch(pdl_on))
     return x
 
 
-def add_(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def add_(x: torch.Tensor, b: torch.Tensor, pdl_on: bool = False) -> torch.Tensor:
     """``x += b`` in place; ``b`` has x's shape or broadcasts over x's rows."""
-    return _inplace(x, b.contiguous(), 1.0, 0)
+    return _inplace(x, b.contiguous(), 1.0, 0, pdl_on)
 
 
-def scale_(x: torch.Tensor, s: float) -> torch.Tensor:
-    return _inplace(x, None, float(s), 1)
+def scale_(x: torch.Tensor, s: float, pdl_on: bool = False) -> torch.Tensor:
+    return _inplace(x, None, float(s), 1, pdl_on)
 
 
-def softcap_(x: torch.Tensor, cap: float) -> torch.Tensor:
-    return _inplace(x, None, float(cap), 2)
+def softcap_(x: torch.Tensor, cap: float, pdl_on: bool = False) -> torch.Tensor:
+    return _inplace(x, None, float(cap), 2, pdl_on)

@@ -1,46 +1,46 @@
-"""The CUDA backend: torch CUDA tensors as arrays, Triton kernels for every op, decode and prefill as CUDA graphs.
+"""The CUDA backend: torch CUDA tensors as arrays, Triton kernels for every op, forwards captured as CUDA graphs.
 
 Weights are uploaded once as GGUF bytes and repacked on the device (repack.py); no float copy stays resident.
-Intermediates come from named buffers; a one-token forward (decode) uses its own fixed buffers, and a prefill
-captured as a graph (padded to a length bucket, graphs.py) uses storage sized for the largest bucket, so the
-captured graphs' addresses never move. Decode replays its graph after writing the token id and the position into
-two device scalars: nothing is allocated and the host reads back only the logits it asks for (or the argmax id).
-On a machine without CUDA the backend also runs on ``device="cpu"`` under ``TRITON_INTERPRET=1`` (tests).
+Intermediates come from named buffers that grow to the largest batch; a forward recorded by :meth:`capture`
+(graphs.py) gets buffers of its own, so no growth ever moves what a graph reads. The KV pool has one block past
+the engine's (``CUDAKVCache.pad_block``) for the padding rows of captured decode batches. On a machine without
+CUDA the backend also runs on ``device="cpu"`` under ``TRITON_INTERPRET=1`` (tests).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from quanta.backends.base import Array, Backend, KVShape
-from quanta.backends.cuda import activation, attention, flash_decode, norm, pdl, rope
+from quanta.backends.base import AttentionMetadata, Backend, KVShape
+from quanta.backends.cuda import activation, attention, flash_decode, norm, rope
 from quanta.backends.cuda.copies import ActivationCopies
 from quanta.backends.cuda.embed import embed as _embed
 from quanta.backends.cuda.gemm import DEQUANT_MAX_WEIGHTS, dequantizes
-from quanta.backends.cuda.graphs import (CAPTURE_AT_USE, MAX_GRAPH_PREFILL, DecodeGraph, PrefillGraph,
-                                         padded_inputs, prefill_bucket)
-from quanta.backends.cuda.q8gemv import Q8_CONFIG
-from quanta.backends.cuda.qmatmul import GEMV_CONFIG, gemv_launch, qmatmul
+from quanta.backends.cuda.graphs import GraphRecorder
+from quanta.backends.cuda.qmatmul import INT8_MAX_ROWS, qmatmul, rope_fits
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight, fuse, repack
-from quanta.backends.cuda.sampling import Argmax
+from quanta.backends.cuda.sampling import ArgmaxRows
 from quanta.errors import NoCUDAError, QuantaError
 from quanta.gguf import TensorInfo
 
+_META_FIELDS = ("positions", "slots", "token_seq", "seq_lens", "query_starts")
+
 
 class CUDAKVCache:
-    """One K and one V of (n_kv_heads, n_ctx, head_dim) per layer (float32, or float16 in the default mode),
-    allocated once."""
+    """One K and one V of (n_kv_heads, n_slots, head_dim) per layer (float32, or float16 in the default mode),
+    allocated once: the shape's blocks plus ``pad_block``, the last, which no sequence of the engine owns (captured
+    decode batches point their padding rows at it)."""
 
     def __init__(self, shape: KVShape, device: torch.device, dtype: torch.dtype = torch.float32):
         self.shape = shape
-        dims = (shape.n_layers, shape.n_kv_heads, shape.n_ctx, shape.head_dim)
+        self.pad_block = shape.n_blocks
+        dims = (shape.n_layers, shape.n_kv_heads, (shape.n_blocks + 1) * shape.block_size, shape.head_dim)
         self.k = torch.zeros(dims, dtype=dtype, device=device)
         self.v = torch.zeros(dims, dtype=dtype, device=device)
 
@@ -75,38 +75,40 @@ def _host_tensor(a: np.ndarray) -> torch.Tensor:
 class CUDABackend(Backend):
     name = "cuda"
 
-    def __init__(self, device: str | torch.device = "cuda", *, exact: bool = False, graphs: bool = True):
+    def __init__(self, device: str | torch.device = "cuda", *, exact: bool = False, graphs: bool = True,
+                 q8: bool = True, pdl: bool | None = None):
         """``exact``: every matmul and attention in IEEE fp32, KV cache in fp32. Otherwise prefill matmuls run on
-        bf16 tensor cores, decode matmuls on int8 activations (q8gemv.py; ``QUANTA_Q8=0``: float activations),
-        the KV cache is fp16 and attention multiplies on tensor cores (flash_decode.py's ``_dot``)."""
+        bf16 tensor cores, decode matmuls of up to INT8_MAX_ROWS rows on int8 activations (q8gemv.py, batch_gemv.py;
+        ``q8=False``: float activations), the KV cache is fp16 and attention multiplies on tensor cores
+        (flash_decode.py's ``_dot``). ``graphs``: :meth:`capture` records CUDA graphs. ``pdl``: programmatic
+        dependent launch (pdl.py); None: on where the GPU has it (sm_90+), never under the interpreter."""
         self.device = torch.device(device)
+        on_gpu = self.device.type == "cuda"
+        if on_gpu and not torch.cuda.is_available():
+            raise NoCUDAError()
         self.exact = exact
-        self.q8 = not exact and os.environ.get("QUANTA_Q8", "1") != "0"
+        self.q8 = q8 and not exact
         self.kv_dtype = torch.float32 if exact else torch.float16
         self.kv_itemsize = 4 if exact else 2
         self.decode_dot = "ieee" if exact else "fp16"
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise NoCUDAError()
-        self.graphs = graphs and self.device.type == "cuda"
+        self.graphs = graphs and on_gpu
+        self.asynchronous = on_gpu  # kernels are queued: the engine may queue a step before reading the last one
+        hopper = on_gpu and torch.cuda.get_device_capability(self.device)[0] >= 9
+        self.pdl = hopper if pdl is None else pdl and hopper
         self._primer: threading.Thread | None = None
-        if self.device.type == "cuda":
+        if on_gpu:
             self._primer = threading.Thread(target=_prime_triton, daemon=True)
             self._primer.start()
-        pdl.enable(self.device.type == "cuda" and torch.cuda.get_device_capability(self.device)[0] >= 9)
-        self._buffers: dict[Any, torch.Tensor] = {}
-        self._decode_scratch: dict[tuple[int, int, int, str], flash_decode.DecodeScratch] = {}
-        self._argmax: dict[int, Argmax] = {}
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._recorder = GraphRecorder(self.device) if on_gpu else None
+        self._decode_scratch: dict[tuple, flash_decode.DecodeScratch] = {}
+        self._argmax: ArgmaxRows | None = None
+        self._staging: dict[int, list[tuple[torch.Tensor, Any]]] = {}  # pinned copies of graph inputs
         # int8 (decode) and bf16 word-order (prefill) copies of activations, written by their producers
-        self._copies = ActivationCopies(self.device, q8=self.q8, words=not exact, buffer=self.buffer)
-        # decode graphs per (model, cache), prefill graphs per (model, cache, bucket); a new cache drops them all
-        self._graphs: dict[tuple[int, ...], DecodeGraph | PrefillGraph] = {}
-        self._prefill_uses: dict[tuple[int, int, int], int] = {}  # prefills per (model, cache, bucket)
-        self._prefill_rows = 0  # > 0 while a graph prefill's forward runs: the rows its buffers are sized for
-        self._prefill_buffers: dict[str, torch.Tensor] = {}
-        self._prefill_pool: Any = None  # one graph memory pool and one capture stream for every prefill graph
-        self._capture_stream: torch.cuda.Stream | None = None
+        self._copies = ActivationCopies(self.device, q8=self.q8, words=not exact, buffer=self.buffer, pdl=self.pdl)
         # the bf16 scratch prefill GEMMs dequantize a weight into (gemm.dequantizes), made at the first such GEMM
-        # for the largest layer matrix loaded (larger ones that may use it grow it)
+        # for the largest layer matrix loaded, and never replaced (graphs may read it): a larger one takes the
+        # fused GEMM instead
         self._dequant_scratch: torch.Tensor | None = None
         self._dequant_size = 0
 
@@ -142,21 +144,18 @@ class CUDABackend(Backend):
 
     def _scratch_for(self, m: int, w: PackedWeight) -> torch.Tensor | None:
         """The bf16 scratch a GEMM of ``m`` rows dequantizes ``w`` into, or None: no dequantizing (gemm.py's
-        ``dequantizes``), or no memory for the scratch (the fused GEMM then runs)."""
+        ``dequantizes``), a weight larger than the scratch, or no memory for it (the fused GEMM then runs)."""
         if not dequantizes(m, w, self.exact):
             return None
-        if self._dequant_scratch is None or self._dequant_scratch.numel() < w.n * w.k:
-            # made by an eager forward (a prompt length's first use runs eagerly, before its graph is captured)
-            assert self.device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
-            if self._dequant_scratch is not None:  # a larger model's: graphs captured before read the old one
-                self._drop_prefill_graphs()
-            self._dequant_scratch = None
+        if self._dequant_scratch is None:
+            # made by an eager forward (a capture runs its forward eagerly first)
+            assert self._recorder is None or not self._recorder.capturing
             try:
                 self._dequant_scratch = torch.empty(max(self._dequant_size, w.n * w.k), dtype=torch.bfloat16,
                                                     device=self.device)
             except torch.OutOfMemoryError:
                 return None
-        return self._dequant_scratch
+        return self._dequant_scratch if self._dequant_scratch.numel() >= w.n * w.k else None
 
     def load_vector(self, tensor: TensorInfo) -> torch.Tensor:
         if tensor.type == "F32":
@@ -175,229 +174,217 @@ class CUDABackend(Backend):
     def to_host(self, a: torch.Tensor) -> np.ndarray:
         return a.detach().cpu().numpy()
 
+    def write(self, dst: torch.Tensor, host: np.ndarray) -> torch.Tensor:
+        """Copy ``host`` into the device array ``dst`` in place (same size and dtype): the inputs a captured graph
+        reads. Queued without waiting, from pinned copies of ``dst``'s own, used in turn: one is written again only
+        once its last copy has run (with steps queued ahead, the copy before may still wait its turn)."""
+        if self.device.type != "cuda":
+            dst.copy_(torch.from_numpy(np.ascontiguousarray(host)).reshape(dst.shape))
+            return dst
+        ring = self._staging.get(dst.data_ptr())
+        if ring is None or ring[0][0].numel() != dst.numel() or ring[0][0].dtype != dst.dtype:
+            ring = self._staging[dst.data_ptr()] = [
+                (torch.empty(dst.shape, dtype=dst.dtype, pin_memory=True), torch.cuda.Event()) for _ in range(3)]
+        ring.append(ring.pop(0))
+        pinned, done = ring[-1]
+        done.synchronize()
+        pinned.numpy().reshape(-1)[:] = np.asarray(host).reshape(-1)
+        dst.copy_(pinned, non_blocking=True)
+        done.record()
+        return dst
+
+    def feed_tokens(self, ids: np.ndarray, previous: torch.Tensor | None,
+                    source_rows: np.ndarray | None) -> torch.Tensor:
+        """``ids`` on the device, the tokens of the step before gathered from ``previous`` where ``source_rows``
+        says, without reading them back (one packed copy, then ``feed_tokens_into``)."""
+        if previous is None or source_rows is None:
+            return self.from_host(np.ascontiguousarray(ids, np.int32))
+        packed = self.from_host(np.stack([np.asarray(ids, np.int32), np.asarray(source_rows, np.int32)]))
+        return self.feed_tokens_into(packed[0], previous, packed[1])
+
+    def feed_tokens_into(self, ids: torch.Tensor, previous: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """In place on the device: ``ids[i] = previous[source[i]]`` where ``source[i] >= 0`` (int32 arrays)."""
+        taken = previous.index_select(0, source.clamp(min=0))
+        return torch.where(source >= 0, taken, ids, out=ids)
+
+    def metadata(self, host: AttentionMetadata) -> AttentionMetadata:
+        """``host`` as device arrays: one packed host→device copy, the fields views of it."""
+        parts = [np.asarray(getattr(host, f), np.int32).reshape(-1) for f in _META_FIELDS]
+        tables = np.asarray(host.block_tables, np.int32)
+        packed = self.from_host(np.concatenate([*parts, tables.reshape(-1)]))
+        views, o = {}, 0
+        for f, p in zip(_META_FIELDS, parts):
+            views[f] = packed[o:o + p.size]
+            o += p.size
+        views["block_tables"] = packed[o:].view(tables.shape)
+        return AttentionMetadata(**views, n_seqs=host.n_seqs, max_query_len=host.max_query_len,
+                                 block_size=host.block_size)
+
     def free_memory(self) -> int | None:
         return torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
 
     def rope_table(self, inv_freq: np.ndarray, n_ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return rope.rope_table(inv_freq, n_ctx, self.device)
 
-    def kv_cache(self, shape: KVShape) -> CUDAKVCache:
-        self._graphs.clear()
-        self._prefill_uses.clear()
+    def _kv_dtype(self, dtype: str) -> torch.dtype:
+        kinds = {"auto": self.kv_dtype, "f32": torch.float32, "f16": torch.float16}
+        if dtype not in kinds:
+            raise ValueError(f"the CUDA backend stores the KV pool as f32 or f16, not {dtype!r}")
+        return kinds[dtype]
+
+    def kv_nbytes(self, shape: KVShape, dtype: str = "auto") -> int:
+        return shape.nbytes(torch.empty(0, dtype=self._kv_dtype(dtype)).element_size())
+
+    def kv_cache(self, shape: KVShape, dtype: str = "auto") -> CUDAKVCache:
+        kind = self._kv_dtype(dtype)
         try:
-            return CUDAKVCache(shape, self.device, self.kv_dtype)
+            return CUDAKVCache(shape, self.device, kind)
         except torch.OutOfMemoryError:
-            need = shape.nbytes(self.kv_itemsize)
-            raise QuantaError(f"the KV cache for n_ctx {shape.n_ctx:,} ({need / 2**30:.1f} GiB) does not fit in "
-                              f"the GPU's free memory next to the weights; lower n_ctx (--n-ctx)") from None
+            need = self.kv_nbytes(shape, dtype)
+            raise QuantaError(f"the KV pool of {shape.n_slots:,} tokens ({need / 2**30:.1f} GiB) does not fit in "
+                              f"the GPU's free memory next to the weights; give it less memory (--kv-memory, "
+                              f"--kv-blocks) or lower n_ctx (--n-ctx)") from None
 
     def buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        if self._recorder is not None and self._recorder.capturing:  # the graph's own storage
+            return self._recorder.buffer(name, shape)
         size = int(np.prod(shape))
-        if shape and shape[0] == 1:  # decode: fixed storage per (name, shape), the graph reads these addresses
-            key: Any = (name, tuple(shape))
-            buf = self._buffers.get(key)
-            if buf is None:
-                buf = self._buffers[key] = torch.empty(size, dtype=torch.float32, device=self.device)
-            return buf.view(shape)
-        if self._prefill_rows:  # a graph prefill: storage for its largest bucket, shared by all prefill graphs
-            need = size // shape[0] * self._prefill_rows
-            buf = self._prefill_buffers.get(name)
-            if buf is None or buf.numel() < need:
-                if buf is not None:  # a wider model's warm-up: the captured graphs read the old storage
-                    self._drop_prefill_graphs()
-                buf = self._prefill_buffers[name] = torch.empty(need, dtype=torch.float32, device=self.device)
-            return buf[:size].view(shape)
         buf = self._buffers.get(name)
         if buf is None or buf.numel() < size:
             buf = self._buffers[name] = torch.empty(size, dtype=torch.float32, device=self.device)
         return buf[:size].view(shape)
 
-    # ---- ops -------------------------------------------------------------------------------------------------
-    def positions(self, start: int, n: int) -> torch.Tensor:
-        return torch.arange(start, start + n, dtype=torch.int32, device=self.device)
+    def capture(self, forward: Callable[[], torch.Tensor], *,
+                share_rows: int | None = None) -> Callable[[], torch.Tensor] | None:
+        """See Backend.capture. ``share_rows``: the graph's buffers are the set it shares with the other graphs
+        recorded so (sized for that many rows): graphs that never run at the same time (graphs.py)."""
+        if not self.graphs or self._recorder is None:
+            return None
+        self._join_primer()
+        return self._recorder.record(forward, share_rows)
 
+    # ---- ops -------------------------------------------------------------------------------------------------
     def matmul(self, x: torch.Tensor, w: PackedWeight, *, out: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
         xq, xw = self._copies.matmul_input(x, [out] if out is not None else [], w.kind)
         return qmatmul(x, w, out=out, residual=residual, bias=bias, exact=self.exact, xq=xq, xw=xw,
-                       scratch=self._scratch_for(x.shape[0], w))
+                       scratch=self._scratch_for(x.shape[0], w), pdl_on=self.pdl)
 
     def matmul_split(self, x: torch.Tensor, w: FusedWeight, outs: list[torch.Tensor]) -> list[torch.Tensor]:
         assert [o.shape[-1] for o in outs] == list(w.widths), ([o.shape for o in outs], w.widths)
         xq, xw = self._copies.matmul_input(x, outs, w.packed.kind)
         qmatmul(x, w.packed, bias=w.bias, outs=outs, exact=self.exact, xq=xq, xw=xw,
-                scratch=self._scratch_for(x.shape[0], w.packed))
+                scratch=self._scratch_for(x.shape[0], w.packed), pdl_on=self.pdl)
         return outs
 
     def embed(self, w: PackedWeight, token_ids: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        self._join_primer()
         self._copies.produce(None)
-        return _embed(w, token_ids, out=out)
+        return _embed(w, token_ids, out=out, pdl_on=self.pdl)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, *,
                  out: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
         if out is None:
             out = torch.empty_like(x)
         q8, words = self._copies.produce(out)
-        return norm.rms_norm(x, weight, eps, out=out, residual=residual, q8=q8, words=words)
+        return norm.rms_norm(x, weight, eps, out=out, residual=residual, q8=q8, words=words, pdl_on=self.pdl)
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor, table: Any, *, neox: bool) -> torch.Tensor:
         self._copies.produce(None)
-        return rope.rope(x, positions, table, neox)
+        return rope.rope(x, positions, table, neox, self.pdl)
 
-    def rope_qk(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, table: Any, *, neox: bool,
+    def rope_qk(self, q: torch.Tensor, k: torch.Tensor, meta: AttentionMetadata, table: Any, *, neox: bool,
                 v: torch.Tensor | None = None, cache: Any = None) -> bool:
         self._copies.produce(None)
-        rope.rope_qk(q, k, positions, table, neox, v=v, cache=cache)
+        rope.rope_qk(q, k, meta.positions, table, neox, v=v, cache=cache, slots=meta.slots, pdl_on=self.pdl)
         return v is not None and cache is not None
 
-    def qkv_rope(self, x: torch.Tensor, groups: list[Any], outs: dict[str, torch.Tensor], positions: torch.Tensor,
+    def qkv_rope(self, x: torch.Tensor, groups: list[Any], outs: dict[str, torch.Tensor], meta: AttentionMetadata,
                  table: Any, *, neox: bool, cache: Any) -> bool:
-        """Decode: each Q/K/V GEMV rotates its rows and stores keys and values in its epilogue (rope.py's
-        ``rope_store``): the rope_qk launch goes. Needs full-width rope and quantized weights whose GEMV tile has an
-        even row count (rotated pairs in one program)."""
+        """Decode (the rows a GEMV takes): each Q/K/V GEMV rotates its rows and stores keys and values in its
+        epilogue (rope.py's ``rope_store``): the rope_qk launch goes. Needs full-width rope and quantized weights
+        whose GEMV row tile is even (rotated pairs in one program)."""
         q = outs["attn_q"]
+        m = x.shape[0]
         nq, nk = q.shape[1], outs["attn_k"].shape[1]
-        if x.shape[0] != 1 or cache is None or 2 * table[0].shape[1] != cache[0].shape[2]:
+        if m > INT8_MAX_ROWS or cache is None or 2 * table[0].shape[1] != cache[0].shape[2]:
             return False
-        tiles = GEMV_CONFIG if self._copies.q8_copy(x) is None else Q8_CONFIG
+        int8 = self._copies.q8_copy(x) is not None
         parts = []
         for g in groups:
             w, bias = (g.weight.packed, g.weight.bias) if g.fused else (g.weight, g.bias)
-            if w.kind == "dense" or gemv_launch(tiles, w)[0] % 2:
+            if not rope_fits(m, w, int8):
                 return False
             parts.append((w, bias, {"attn_q": 0, "attn_k": nq, "attn_v": nq + nk}[g.names[0]]))
         xq, _ = self._copies.matmul_input(x, [q], parts[0][0].kind)
         for w, bias, row0 in parts:
-            qmatmul(x, w, bias=bias, exact=self.exact, xq=xq,
-                    rope=rope.RopeStore(q, cache, positions, table, neox, row0, nq, nk))
+            qmatmul(x, w, bias=bias, exact=self.exact, xq=xq, pdl_on=self.pdl,
+                    rope=rope.RopeStore(q, cache, meta.positions, meta.slots, table, neox, row0, nq, nk))
         return True
 
     def attention(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, cache: Any,
-                  positions: torch.Tensor, *,
-                  scale: float, window: int = 0, softcap: float = 0.0,
+                  meta: AttentionMetadata, *, scale: float, window: int = 0, softcap: float = 0.0,
                   out: torch.Tensor | None = None) -> torch.Tensor:
         n, n_heads, hd = q.shape
         if out is None:
             out = torch.empty((n, n_heads * hd), dtype=torch.float32, device=self.device)
-        q8, words = self._copies.produce(out, q8=n == 1 and flash_decode.writes_q8(hd), words=hd % 32 == 0)
+        decode = meta.max_query_len == 1
+        q8, words = self._copies.produce(out, q8=decode and flash_decode.writes_q8(hd), words=hd % 32 == 0)
         k_cache, v_cache = cache
         if k is not None:  # None: rope_qk stored them
-            attention.write_kv(k, v, k_cache, v_cache, positions)
-        scratch = None
-        if n == 1:
-            key = (n_heads, k_cache.shape[1], hd, self.decode_dot)
-            scratch = self._decode_scratch.get(key)
-            if scratch is None:
-                scratch = self._decode_scratch[key] = flash_decode.DecodeScratch(n_heads, k_cache.shape[1], hd,
-                                                                              self.device, dot=self.decode_dot)
-        return attention.attention(q, k_cache, v_cache, positions, scale=scale, window=window, softcap=softcap,
-                                   out=out, scratch=scratch, exact=self.exact, q8=q8, words=words)
+            attention.write_kv(k, v, k_cache, v_cache, meta.slots, self.pdl)
+        scratch = self._scratch(n, n_heads, k_cache.shape[0], meta.block_tables.shape[1] * meta.block_size,
+                                hd) if decode else None
+        return attention.attention(q, k_cache, v_cache, meta, scale=scale, window=window, softcap=softcap,
+                                   out=out, scratch=scratch, exact=self.exact, q8=q8, words=words, pdl_on=self.pdl)
+
+    def _scratch(self, n: int, heads: int, kv_heads: int, max_keys: int, hd: int) -> flash_decode.DecodeScratch:
+        """The decode kernel's partials for ``n`` tokens (rounded up to a power of two): one per shape, never
+        replaced (captured graphs read them)."""
+        rows = 1 << (n - 1).bit_length()
+        keys = 1 << (max_keys - 1).bit_length()
+        key = (rows, heads, kv_heads, keys, hd)
+        s = self._decode_scratch.get(key)
+        if s is None:
+            s = self._decode_scratch[key] = flash_decode.DecodeScratch(rows, heads, kv_heads, keys, hd, self.device,
+                                                                       dot=self.decode_dot)
+        return s
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         out = out if out is not None else torch.empty_like(gate)
-        return activation.silu_mul(gate, up, out, *self._copies.produce(out))
+        return activation.silu_mul(gate, up, out, *self._copies.produce(out), pdl_on=self.pdl)
 
     def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         out = out if out is not None else torch.empty_like(gate)
-        return activation.gelu_mul(gate, up, out, *self._copies.produce(out))
+        return activation.gelu_mul(gate, up, out, *self._copies.produce(out), pdl_on=self.pdl)
 
     def add(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         self._copies.produce(None)
-        return activation.add_(a, b)
+        return activation.add_(a, b, self.pdl)
 
     def scale(self, x: torch.Tensor, s: float) -> torch.Tensor:
         self._copies.produce(None)
-        return activation.scale_(x, s)
+        return activation.scale_(x, s, self.pdl)
 
     def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
         self._copies.produce(None)
-        return activation.softcap_(x, cap)
+        return activation.softcap_(x, cap, self.pdl)
 
-    def softmax(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(x, dim=-1)
+    def gather_rows(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        self._copies.produce(None)
+        return x.index_select(0, rows)
 
-    def argmax(self, x: torch.Tensor) -> int:
-        return int(self._argmax_of(x.numel())(x.reshape(-1)).item())  # a decode step's one host read
-
-    def _argmax_of(self, n: int) -> Argmax:
-        am = self._argmax.get(n)
-        if am is None:
-            am = self._argmax[n] = Argmax(n, self.device)
-        return am
-
-    def greedy_decode(self, model: Any, cache: Any, token: int, start: int, steps: int) -> Iterator[int]:
-        """Chained decode graphs (``DecodeGraph.greedy``), or the base loop where graphs are off."""
-        if not self.graphs or "matmul" in self.__dict__:
-            yield from super().greedy_decode(model, cache, token, start, steps)
-            return
-        yield from self._decode_graph(model, cache, token, start).greedy(self._argmax_of(model.n_vocab), token,
-                                                                          start, steps)
-
-    def last_row(self, x: torch.Tensor) -> torch.Tensor:
-        return x[-1:]
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        r, n = logits.shape
+        if self._argmax is None or self._argmax.n != n or self._argmax.rows < r:
+            self._argmax = ArgmaxRows(max(r, self._argmax.rows if self._argmax else 0), n, self.device)
+        return self._argmax(logits, self.pdl)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    # ---- the forward -----------------------------------------------------------------------------------------
-    def forward(self, model: Any, token_ids: np.ndarray, start: int, cache: Any, *, all_logits: bool) -> Array:
-        self._join_primer()
-        # op wrappers installed on the instance (bench's per-op timers) need eager execution
-        wrapped = "matmul" in self.__dict__
-        if self.graphs and not wrapped and not all_logits:
-            if len(token_ids) == 1:
-                return self._decode_graph(model, cache, int(token_ids[0]), start).run(int(token_ids[0]), start)
-            n_ctx = min(model.n_ctx, cache.shape.n_ctx)
-            rows = prefill_bucket(len(token_ids), start, n_ctx)
-            if rows is not None:
-                key = (id(model), id(cache), rows)
-                self._prefill_uses[key] = self._prefill_uses.get(key, 0) + 1
-            if rows is not None and self._prefill_uses[key] >= CAPTURE_AT_USE:
-                return self._prefill_graph(model, cache, token_ids, start, rows, min(MAX_GRAPH_PREFILL, n_ctx))
-        return super().forward(model, token_ids, start, cache, all_logits=all_logits)
-
     def _join_primer(self) -> None:
         if self._primer is not None:  # the first launch would hash Triton's sources again while the thread does
             self._primer.join()
             self._primer = None
-
-    def _decode_graph(self, model: Any, cache: Any, token: int, start: int) -> DecodeGraph:
-        self._join_primer()
-        g = self._graphs.get((id(model), id(cache)))
-        if g is None:
-            g = self._graphs[(id(model), id(cache))] = DecodeGraph(model, cache, self.device, token, start)
-        assert isinstance(g, DecodeGraph)
-        return g
-
-    def _prefill_graph(self, model: Any, cache: Any, token_ids: np.ndarray, start: int, rows: int,
-                       capacity: int) -> torch.Tensor:
-        """Replay (captured at its first use) the graph of ``rows`` padded rows; buffers sized for ``capacity``."""
-        inputs = padded_inputs(token_ids, start, rows)
-        key = (id(model), id(cache), rows)
-        g = self._graphs.get(key)
-        if g is None:
-            if not any(isinstance(h, PrefillGraph) for h in self._graphs.values()):
-                # a new pool: the old one (if any) is released with its last graph, its id not safely reusable
-                self._prefill_pool = torch.cuda.graph_pool_handle()
-            if self._capture_stream is None:
-                self._capture_stream = torch.cuda.Stream(self.device)
-            g = self._graphs[key] = PrefillGraph(
-                lambda ids, positions: self._padded_forward(model, cache, ids, positions, capacity), inputs,
-                self.device, self._prefill_pool, self._capture_stream)
-        return g.run(inputs)
-
-    def _padded_forward(self, model: Any, cache: Any, ids: torch.Tensor, positions: torch.Tensor,
-                        capacity: int) -> torch.Tensor:
-        """The last row's logits of ``model.forward`` on padded rows (graphs.padded_inputs), its intermediates in
-        the prefill storage sized for ``capacity`` rows: the forward a prefill graph captures."""
-        self._prefill_rows = capacity
-        try:
-            return model.forward(ids, positions, cache, all_logits=False)
-        finally:
-            self._prefill_rows = 0
-
-    def _drop_prefill_graphs(self) -> None:
-        self.synchronize()  # a replay may still read the storage about to be replaced
-        for key in [k for k, g in self._graphs.items() if isinstance(g, PrefillGraph)]:
-            del self._graphs[key]

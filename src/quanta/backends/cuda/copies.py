@@ -1,8 +1,9 @@
 """Copies of activations in the form the next matmul reads, written by the op that produces the activations.
 
-Decode (up to ``GEMV_MAX_ROWS`` rows): int8 with a scale per 32 values for the int8 GEMV (q8gemv.py), one storage per
-float buffer. Prefill (more rows, fast mode): bf16 in the GEMM's word order (gemm.py's ``word_order``), in one
-scratch shared by every activation, so in one order: that of the 4-bit codes when most of the model's matrices hold
+Decode (up to ``INT8_MAX_ROWS`` rows: one sequence or a small decode batch): int8 with a scale per 32 values for
+the int8 GEMVs (q8gemv.py, batch_gemv.py), one storage per float buffer. More rows (decode batches, prefill; fast
+mode): bf16 in the GEMM's word order (gemm.py's ``word_order``), in one scratch shared by every activation, so in one
+order: that of the 4-bit codes when most of the model's matrices hold
 them, of the 8-bit codes when most hold those, else none (the matrices of another kind, and a matmul whose input
 has no current copy, permute x themselves).
 
@@ -19,7 +20,7 @@ import torch
 
 from quanta.backends.cuda.gemm import WordsCopy
 from quanta.backends.cuda.q8gemv import Q8Activation, quantize
-from quanta.backends.cuda.qmatmul import GEMV_MAX_ROWS
+from quanta.backends.cuda.qmatmul import INT8_MAX_ROWS, GEMV_MAX_ROWS
 
 _Key = tuple[int, tuple[int, ...]]
 
@@ -33,8 +34,9 @@ class ActivationCopies:
     graphs may capture)."""
 
     def __init__(self, device: torch.device, *, q8: bool, words: bool,
-                 buffer: Callable[[str, tuple[int, ...]], torch.Tensor]):
+                 buffer: Callable[[str, tuple[int, ...]], torch.Tensor], pdl: bool = False):
         self.device = device
+        self.pdl = pdl  # launch the quantizing kernel with PDL
         self.q8 = q8  # int8 copies for the decode GEMV
         self.words = words  # bf16 word-order copies for the prefill GEMM (also needs most weights of one kind)
         self._buffer = buffer
@@ -58,7 +60,7 @@ class ActivationCopies:
 
     def q8_copy(self, x: torch.Tensor) -> Q8Activation | None:
         """The int8 storage paired with float activations ``x`` when they can feed the int8 GEMV, else None."""
-        if not self.q8 or not self._fits(x) or x.shape[0] > GEMV_MAX_ROWS:
+        if not self.q8 or not self._fits(x) or x.shape[0] > INT8_MAX_ROWS:
             return None
         q = self._q8.get(_key(x))
         if q is None:
@@ -66,8 +68,9 @@ class ActivationCopies:
         return q
 
     def _words_scratch(self, x: torch.Tensor) -> WordsCopy | None:
-        if not self.words or not self._fits(x) or x.shape[0] <= GEMV_MAX_ROWS:
-            return None
+        rows = x.shape[0]
+        if not self.words or not self._fits(x) or rows <= GEMV_MAX_ROWS or (self.q8 and rows <= INT8_MAX_ROWS):
+            return None  # these rows take a GEMV
         kind = self._words_kind()
         if kind is None:
             return None
@@ -95,7 +98,7 @@ class ActivationCopies:
         producer wrote none; word-order copy for the GEMM or None). The matmul's outputs go stale."""
         q = self.q8_copy(x) if kind != "dense" else None
         if q is not None and _key(x) not in self._live:
-            quantize(x, q)
+            quantize(x, q, self.pdl)
             self._live.add(_key(x))
         w = None
         if self._words_of == _key(x) and kind == self._words_kind():

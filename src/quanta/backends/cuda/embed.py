@@ -125,7 +125,8 @@ def _embed_kernel(ids_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, y_ptr
     tl.store(y_ptr + t * K + offs + 16, tl.reshape(hi, (BC, 16)), mask=mask)
 
 
-def embed(w: PackedWeight, token_ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def embed(w: PackedWeight, token_ids: torch.Tensor, out: torch.Tensor | None = None,
+          pdl_on: bool = False) -> torch.Tensor:
     """(n,) int32 device ids → (n, k) float32 rows of ``w``."""
     n = token_ids.numel()
     if out is None:
@@ -133,5 +134,5 @@ def embed(w: PackedWeight, token_ids: torch.Tensor, out: torch.Tensor | None = N
     bc = 8
     q, qh, *scales = _planes(w)
     _embed_kernel[(n, triton.cdiv(w.k // 32, bc))](token_ids, q, qh, *scales, out, w.k, q.stride(0), qh.stride(0),
-                                                       BC=bc, **_meta(w), **pdl.launch())
+                                                       BC=bc, **_meta(w), **pdl.launch(pdl_on))
     return out

@@ -1,9 +1,12 @@
-"""Split-KV flash-decoding: attention of one new token over the KV cache in one launch.
+"""Split-KV flash-decoding over the paged KV pool: attention of a batch of new tokens, one per sequence (a decode
+batch), over each one's sequence, in one launch.
 
-A fixed grid of chunk programs per KV head. A position up to one chunk deep is one program per KV head that writes
-the output itself; deeper, every live chunk stores its partial softmax, and one program per KV head combines them:
-either the last to finish (an atomic ticket counter in ``DecodeScratch``, after a release fence), or the program of
-the last chunk, which polls the partial slots until none holds the NaN they are reset to (no fence, no atomic).
+A fixed grid of chunk programs per (token, KV head). A position up to one chunk deep is one program per KV head that
+writes the output itself; deeper, every live chunk stores its partial softmax, and one program per (token, KV head)
+combines them: either the last to finish (an atomic ticket counter in ``DecodeScratch``, after a release fence), or
+the program of the last chunk, which polls the partial slots until none holds the NaN they are reset to (no fence,
+no atomic). The K/V rows of a tile of BN positions are gathered through the token's block table (position p at slot
+``table[p // B] * B + p % B``); the more tokens a batch has, the fewer chunk programs each gets (``DecodeScratch``).
 
 Tested under TRITON_INTERPRET=1 against a float64 numpy softmax attention (tests/backends/cuda/test_attention.py).
 """
@@ -33,21 +36,31 @@ def _dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD):
-    """The K and V rows ``p`` ([BN] positions; masked outside [lo, pos]) as [BN, BD] tiles."""
-    kvmask = ((p <= pos) & (p >= lo))[:, None] & dmask[None, :]
-    offs = p[:, None] * HD + d[None, :]
-    return tl.load(kbase + offs, mask=kvmask, other=0.0), tl.load(vbase + offs, mask=kvmask, other=0.0)
+def slot_rows(table, p, valid, hk, NSLOTS, HD, BLOCK: tl.constexpr):
+    """Element offsets (int64) in a (hkv, n_slots, hd) pool of the rows of positions ``p`` ([BN]) of the sequence
+    whose block table starts at ``table``, for KV head ``hk`` (``valid``: the positions to look up)."""
+    blk = tl.load(table + p // BLOCK, mask=valid, other=0)
+    return (hk * NSLOTS + blk * BLOCK + p % BLOCK).to(tl.int64) * HD
 
 
 @triton.jit
-def _with_new_row(k, v, kbase, vbase, p, pos, d, dmask, HD):
-    """The tiles ``k``, ``v`` with row ``pos`` read again: the kernel before this one may just have written it
-    (read past L1, which may still hold what this program read before its wait)."""
-    rmask = (p == pos)[:, None] & dmask[None, :]
-    offs = p[:, None] * HD + d[None, :]
-    return (tl.load(kbase + offs, mask=rmask, other=k, cache_modifier=".cg"),
-            tl.load(vbase + offs, mask=rmask, other=v, cache_modifier=".cg"))
+def _kv_tile(kc_ptr, vc_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK: tl.constexpr):
+    """The K and V rows of positions ``p`` ([BN]; masked outside [lo, pos]) as [BN, BD] tiles."""
+    valid = (p <= pos) & (p >= lo)
+    kvmask = valid[:, None] & dmask[None, :]
+    offs = slot_rows(table, p, valid, hk, NSLOTS, HD, BLOCK)[:, None] + d[None, :]
+    return tl.load(kc_ptr + offs, mask=kvmask, other=0.0), tl.load(vc_ptr + offs, mask=kvmask, other=0.0)
+
+
+@triton.jit
+def _with_new_row(k, v, kc_ptr, vc_ptr, table, hk, NSLOTS, p, pos, d, dmask, HD, BLOCK: tl.constexpr):
+    """The tiles ``k``, ``v`` with the row of position ``pos`` read again: the kernel before this one may just have
+    written it (read past L1, which may still hold what this program read before its wait)."""
+    new = p == pos
+    rmask = new[:, None] & dmask[None, :]
+    offs = slot_rows(table, p, new, hk, NSLOTS, HD, BLOCK)[:, None] + d[None, :]
+    return (tl.load(kc_ptr + offs, mask=rmask, other=k, cache_modifier=".cg"),
+            tl.load(vc_ptr + offs, mask=rmask, other=v, cache_modifier=".cg"))
 
 
 @triton.jit
@@ -64,14 +77,15 @@ def _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP: tl.conste
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H,
-                             HKV, HD, NCTX, NSPLIT: tl.constexpr, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr,
-                             WINDOW: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr,
-                             SOLO: tl.constexpr, BN: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr,
-                             BD: tl.constexpr, SKIP: tl.constexpr, Q8: tl.constexpr, DOT: tl.constexpr,
-                             PDL: tl.constexpr, POLL: tl.constexpr):
-    """Program (hk, c): the G query heads of KV head ``hk`` (G = the group rounded up to a power of two, and to 16
-    for tensor-core dots) against chunk c of the visible keys, in BN-key tiles.
+def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, seq_ptr, bt_ptr, BT_STRIDE, o_ptr, oq_ptr, od_ptr, po_ptr,
+                             pm_ptr, pl_ptr, cnt_ptr, H, HKV, HD, NSLOTS, NSPLIT: tl.constexpr, NPROG, scale, softcap,
+                             window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, G: tl.constexpr,
+                             GC: tl.constexpr, MINB: tl.constexpr, SOLO: tl.constexpr, BN: tl.constexpr,
+                             NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BLOCK: tl.constexpr,
+                             SKIP: tl.constexpr, Q8: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
+                             POLL: tl.constexpr):
+    """Program (hk, c, t): the G query heads of KV head ``hk`` of token t (G = the group rounded up to a power of
+    two, and to 16 for tensor-core dots) against chunk c of its visible keys, in BN-key tiles.
 
     The visible keys [lo, pos] (lo > 0 only with a window) are cut into ``nlive`` chunks of ``per`` tiles, per =
     max(MINB, ceil(tiles / NPROG)), or all of them up to SOLO tiles: shallow positions get one chunk per KV head,
@@ -85,20 +99,23 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_p
     program of this one has started).
 
     PDL: the next kernel (the output projection) may launch at once and load its weights while this one runs; and
-    this one, launched early, loads the position and its chunk's first K/V tile before it waits for the Q/K/V
-    projection: keys before ``pos`` come from earlier decode steps (finished: the host has read their token), so
-    only the row at ``pos`` (the key the projection just stored) is read again after the wait, not its whole tile
-    (GPU run 174: +0.4 to +3.2% at depth 1,024); q too."""
+    this one, launched early, loads the position, the block table and its chunk's first K/V tile before it waits
+    for the Q/K/V projection: keys before ``pos`` come from earlier forwards, finished (every forward starts after
+    the host→device copy of its inputs, which waits for all work queued before it, also when the engine queues a
+    step before reading the last one's tokens), so only the row at ``pos`` (the key the projection just stored) is
+    read again after the wait, not its whole tile (GPU run 174: +0.4 to +3.2% at depth 1,024); q too."""
     pdl.allow_next(PDL)
     hk = tl.program_id(0)
     c = tl.program_id(1)
+    t = tl.program_id(2)
     group = H // HKV
     gi = tl.arange(0, G)
     gmask = gi < group
     h = hk * group + gi
     d = tl.arange(0, BD)
     dmask = d < HD
-    pos = tl.load(pos_ptr)  # written by the host before the step: safe before waiting
+    pos = tl.load(pos_ptr + t)  # the metadata is written by the host before the step: safe before waiting
+    table = bt_ptr + tl.load(seq_ptr + t) * BT_STRIDE
     lo = 0
     if WINDOW:
         lo = tl.maximum(pos - window + 1, 0)
@@ -110,17 +127,15 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_p
     if c < nlive:
         start = (lo // BN + c * per) * BN
         end = tl.minimum(start + per * BN, pos + 1)
-        kbase = kc_ptr + hk * NCTX * HD
-        vbase = vc_ptr + hk * NCTX * HD
         m_i = tl.full([G], _NEG, dtype=tl.float32)
         l_i = tl.zeros([G], dtype=tl.float32)
         acc = tl.zeros([G, BD], dtype=tl.float32)
         p = start + tl.arange(0, BN)
-        k, v = _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD)
+        k, v = _kv_tile(kc_ptr, vc_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK)
         pdl.wait_prev(PDL)
         if start + BN > pos:
-            k, v = _with_new_row(k, v, kbase, vbase, p, pos, d, dmask, HD)
-        q = tl.load(q_ptr + h[:, None] * HD + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
+            k, v = _with_new_row(k, v, kc_ptr, vc_ptr, table, hk, NSLOTS, p, pos, d, dmask, HD, BLOCK)
+        q = tl.load(q_ptr + (t * H + h)[:, None] * HD + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
         if SOFTCAP:
             q = q * scale
         else:
@@ -128,26 +143,29 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, o_ptr, oq_ptr, od_p
         m_i, l_i, acc = _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP, DOT)
         for b in range(start + BN, end, BN):
             p = b + tl.arange(0, BN)
-            k, v = _kv_tile(kbase, vbase, p, pos, lo, d, dmask, HD)
+            k, v = _kv_tile(kc_ptr, vc_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK)
             m_i, l_i, acc = _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP, DOT)
+        h0 = t * H + hk * group  # the first head's row in the (tokens x heads) output and partials
         if nlive == 1:
-            _store_out(acc / l_i[:, None], o_ptr, oq_ptr, od_ptr, hk * group, group, HD, G, BD, Q8)
+            _store_out(acc / l_i[:, None], o_ptr, oq_ptr, od_ptr, h0, group, HD, G, BD, Q8)
         else:
-            tl.store(pm_ptr + h * NSPLIT + c, m_i, mask=gmask)
-            tl.store(pl_ptr + h * NSPLIT + c, l_i, mask=gmask)
-            tl.store(po_ptr + (h[:, None] * NSPLIT + c) * BD + d[None, :], acc,
+            hp = h0 + gi
+            tl.store(pm_ptr + hp * NSPLIT + c, m_i, mask=gmask)
+            tl.store(pl_ptr + hp * NSPLIT + c, l_i, mask=gmask)
+            tl.store(po_ptr + (hp[:, None] * NSPLIT + c) * BD + d[None, :], acc,
                      mask=gmask[:, None] & dmask[None, :])
             if POLL:
                 if c == nlive - 1:
-                    _combine_poll(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, hk * group, group, nlive, HD,
+                    _combine_poll(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, nlive, HD,
                                   NSPLIT, GC, NS, BD, Q8)
             else:
                 # every thread's partial is written before the ticket (one thread draws it; release at gpu scope)
                 tl.debug_barrier()
-                ticket = tl.atomic_add(cnt_ptr + hk, 1, sem="acq_rel", scope="gpu")
+                counter = cnt_ptr + t * HKV + hk
+                ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
                 if ticket == nlive - 1:
-                    tl.store(cnt_ptr + hk, 0)
-                    _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, hk * group, group, nlive - 1,
+                    tl.store(counter, 0)
+                    _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, nlive - 1,
                                     HD, NSPLIT, GC, NS, BS, BD, SKIP, Q8)
 
 
@@ -247,8 +265,9 @@ def _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, s0, N
 
 @triton.jit
 def _store_out(out, o_ptr, oq_ptr, od_ptr, h0, group, HD, G: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
-    """Store the [G, BD] outputs of heads h0 .. h0+group-1 (rows past ``group`` are padding); Q8: also as int8
-    activations for the output projection (q8gemv.py; needs BD == HD, so the heads are one contiguous run)."""
+    """Store the [G, BD] outputs of heads h0 .. h0+group-1 (rows of the flat (tokens x heads, hd) output; rows past
+    ``group`` are padding); Q8: also as int8 activations for the output projection (q8gemv.py; needs BD == HD, so
+    the heads are one contiguous run)."""
     g = tl.arange(0, G)
     d = tl.arange(0, BD)
     tl.store(o_ptr + (h0 + g)[:, None] * HD + d[None, :], out, mask=(g < group)[:, None] & (d < HD)[None, :])
@@ -261,22 +280,26 @@ def writes_q8(head_dim: int) -> bool:
     return head_dim % 32 == 0 and head_dim == triton.next_power_of_2(head_dim)
 
 
+PROGRAMS = 512  # chunk programs a decode launch aims at (about four per multiprocessor): fewer per token in batches
+
+
 class DecodeScratch:
-    """Partial results of the decode kernel for one (heads, n_ctx, head_dim), allocated once, and one ticket counter
-    per KV head (zero between calls: the kernel's last program of each KV head resets its own); with the kernel's
-    configuration.
+    """Partial results of the decode kernel for up to ``n_tokens`` tokens of ``n_heads`` heads, allocated once, and
+    one ticket counter per (token, KV head) (zero between calls: the kernel's last program of each resets its own);
+    with the kernel's configuration.
 
     At least ``chunk`` keys per program, and positions up to ``solo`` keys deep in one program (no combine); at
-    most ``max_programs`` programs per KV head (deeper positions get longer chunks, so the combine stays short);
+    most ``max_programs`` programs per (token, KV head), fewer in batches (about PROGRAMS in all), and no more than
+    ``max_keys`` (the longest sequence) needs (deeper positions get longer chunks, so the combine stays short);
     ``warps`` warps each; K and V tiles of ``tile_kb`` KB each; ``dot``: how scores and p·V are multiplied
     (``_dot``); ``poll``: the last chunk combines, polling (``_combine_poll``; the partials start as NaN), instead
     of the last to draw a ticket. Defaults from the H200 sweeps of scripts/gpu_attn.py and the decode loop: chunk
     64 keys at head dim 64, 32 above; on tensor cores, 8 warps and solo 128 at head dim 128 (and polling there),
     8 warps at 256."""
 
-    def __init__(self, n_heads: int, n_ctx: int, head_dim: int, device: torch.device, *, chunk: int | None = None,
-                 max_programs: int = 32, warps: int | None = None, solo: int | None = None, dot: str = "ieee",
-                 tile_kb: int = 16, poll: bool | None = None):
+    def __init__(self, n_tokens: int, n_heads: int, n_kv_heads: int, max_keys: int, head_dim: int,
+                 device: torch.device, *, chunk: int | None = None, max_programs: int = 32, warps: int | None = None,
+                 solo: int | None = None, dot: str = "ieee", tile_kb: int = 16, poll: bool | None = None):
         self.tile_kb = tile_kb
         tensor_cores = dot != "ieee"
         self.chunk = chunk or (64 if head_dim <= 64 else 32)
@@ -288,22 +311,28 @@ class DecodeScratch:
         self.dot = dot
         # programs and partial slots rounded up to a power of two: (hkv, 19) -> (hkv, 32) at the bench's n_ctx of
         # 1,160 made depth 1,024 1.7 / 0.8% faster on TinyLlama / Llama-3.2 (GPU run 193; dead programs exit at once)
-        self.nprog = min(triton.next_power_of_2(triton.cdiv(n_ctx, self.chunk)), max_programs)
+        share = max(1, 1 << max(0, (PROGRAMS // (n_tokens * n_kv_heads)).bit_length() - 1))
+        self.nprog = min(triton.next_power_of_2(triton.cdiv(max_keys, self.chunk)), max_programs, share)
         # polling: Qwen2.5 at depth 1,024 1,115 -> 1,165 tok/s (GPU run 66); slower per call at head dims 64 and 256
         self.poll = tensor_cores and head_dim == 128 if poll is None else poll
         bd = max(16, triton.next_power_of_2(head_dim))
-        self.o = torch.full((n_heads, self.nprog, bd), float("nan"), dtype=torch.float32, device=device)
-        self.m = torch.full((n_heads, self.nprog), float("nan"), dtype=torch.float32, device=device)
-        self.l = torch.full((n_heads, self.nprog), float("nan"), dtype=torch.float32, device=device)
-        self.count = torch.zeros(n_heads, dtype=torch.int32, device=device)
+        rows = n_tokens * n_heads
+        self.n_tokens = n_tokens
+        self.o = torch.full((rows, self.nprog, bd), float("nan"), dtype=torch.float32, device=device)
+        self.m = torch.full((rows, self.nprog), float("nan"), dtype=torch.float32, device=device)
+        self.l = torch.full((rows, self.nprog), float("nan"), dtype=torch.float32, device=device)
+        self.count = torch.zeros(n_tokens * n_kv_heads, dtype=torch.int32, device=device)
 
 
-def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, *, scale: float,
-           window: int, softcap: float, out: torch.Tensor, scratch: DecodeScratch,
-           q8: Q8Activation | None) -> torch.Tensor:
-    """Attention of one token's q (1, H, hd) over the caches → ``out`` (1, H*hd), and its int8 copy into ``q8``."""
-    _, h, hd = q.shape
-    hkv, n_ctx, _ = k_cache.shape
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
+           token_seq: torch.Tensor, block_tables: torch.Tensor, block_size: int, *, scale: float, window: int,
+           softcap: float, out: torch.Tensor, scratch: DecodeScratch, q8: Q8Activation | None,
+           pdl_on: bool = False) -> torch.Tensor:
+    """Attention of n tokens' q (n, H, hd), token i at ``positions[i]`` of sequence ``token_seq[i]`` (its row of
+    ``block_tables``), over the pools (hkv, n_slots, hd) → ``out`` (n, H*hd), and its int8 copy into ``q8``."""
+    n, h, hd = q.shape
+    hkv, n_slots, _ = k_cache.shape
+    assert n <= scratch.n_tokens and block_tables.stride(1) == 1
     group = triton.next_power_of_2(h // hkv)
     bd = max(16, triton.next_power_of_2(hd))
     bn = max(16, scratch.tile_kb * 1024 // (bd * k_cache.element_size()))  # keys per K (or V) tile
@@ -313,10 +342,11 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positi
     ns = triton.next_power_of_2(nsplit)
     # splits per combine step (unrolled): 2 steps, or more where a step would hold > 64 values per thread
     bs = min(ns, max(4096 // (group * bd), ns // 2), 2048 * scratch.warps // (group * bd))
-    _decode_attention_kernel[(hkv, scratch.nprog)](
-        q, k_cache, v_cache, positions, out, *qargs, scratch.o, scratch.m, scratch.l, scratch.count, h, hkv, hd,
-        n_ctx, nsplit, scratch.nprog, scale, softcap or 1.0, window, SOFTCAP=softcap > 0, WINDOW=window > 0,
-        G=group if scratch.dot == "ieee" else max(16, group), GC=group, MINB=max(1, scratch.chunk // bn),
-        SOLO=scratch.solo // bn, BN=bn, NS=ns, BS=bs, BD=bd, SKIP=scratch.skip, Q8=q8 is not None,
-        DOT=scratch.dot, POLL=scratch.poll, num_warps=scratch.warps, num_stages=2, **pdl.launch())
+    _decode_attention_kernel[(hkv, scratch.nprog, n)](
+        q, k_cache, v_cache, positions, token_seq, block_tables, block_tables.stride(0), out, *qargs, scratch.o,
+        scratch.m, scratch.l, scratch.count, h, hkv, hd, n_slots, nsplit, scratch.nprog, scale, softcap or 1.0, window,
+        SOFTCAP=softcap > 0, WINDOW=window > 0, G=group if scratch.dot == "ieee" else max(16, group), GC=group,
+        MINB=max(1, scratch.chunk // bn), SOLO=scratch.solo // bn, BN=bn, NS=ns, BS=bs, BD=bd, BLOCK=block_size,
+        SKIP=scratch.skip, Q8=q8 is not None, DOT=scratch.dot, POLL=scratch.poll, num_warps=scratch.warps,
+        num_stages=2, **pdl.launch(pdl_on))
     return out

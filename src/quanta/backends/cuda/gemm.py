@@ -58,10 +58,11 @@ GEMM_TILES = {
 # (dequantize_words) and then multiplied as a dense matrix (dense_gemm.py): the fused kernel dequantizes each
 # weight once per BM activation rows and is bound by those instructions; dequantizing and this kernel's dense path
 # took 0.6-0.75x its time from 64 to 2,048 rows on the benchmark models' layers (H200, GPU runs 124-125), and
-# prefill gained 22-69% (run 126); the TMA kernel since is faster still. Matrices of more than
-# DEQUANT_MAX_WEIGHTS weights (large lm heads) keep the fused kernel: the scratch holds at most a 1B model's
-# gate|up (64 MiB).
-DEQUANT_MIN_ROWS = 64
+# prefill gained 22-69% (run 126); the TMA kernel since is faster still. Below 64 rows (decode batches) both read
+# each weight once per step and the fused kernel stays bound by its dequantizing, so the dequantized route is kept
+# down to qmatmul's int8 GEMVs (not measured there yet). Matrices of more than DEQUANT_MAX_WEIGHTS weights (large lm
+# heads) keep the fused kernel: the scratch holds at most a 1B model's gate|up (64 MiB).
+DEQUANT_MIN_ROWS = 4
 DEQUANT_MAX_WEIGHTS = 1 << 25
 
 

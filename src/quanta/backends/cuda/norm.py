@@ -39,7 +39,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, q_ptr, qd_ptr, yw_ptr, D, eps
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
              residual: torch.Tensor | None = None, q8: Q8Activation | None = None,
-             words: WordsCopy | None = None) -> torch.Tensor:
+             words: WordsCopy | None = None, pdl_on: bool = False) -> torch.Tensor:
     """``x / sqrt(mean(x²) + eps) * weight`` per row; with ``residual``, first ``x += residual`` (in place).
     ``q8``: also write the output as int8 activations there; ``words``: as the GEMM's bf16 operand (rows a
     multiple of 32 long)."""
@@ -52,5 +52,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tenso
     _rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out,
                               *((q8.q, q8.d) if q8 is not None else (out, out)), yw, d, eps,
                               BLOCK=triton.next_power_of_2(d), ADD_RES=residual is not None, Q8=q8 is not None,
-                              num_warps=4 if d <= 4096 else 8, **word_flags, **pdl.launch())
+                              num_warps=4 if d <= 4096 else 8, **word_flags, **pdl.launch(pdl_on))
     return out

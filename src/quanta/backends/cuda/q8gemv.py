@@ -95,13 +95,13 @@ def _quantize_kernel(x_ptr, q_ptr, d_ptr, N, BLOCK: tl.constexpr, PDL: tl.conste
     store_q8(x, start, N - start, q_ptr, d_ptr, BLOCK)
 
 
-def quantize(x: torch.Tensor, out: Q8Activation | None = None) -> Q8Activation:
+def quantize(x: torch.Tensor, out: Q8Activation | None = None, pdl_on: bool = False) -> Q8Activation:
     """int8 copy of contiguous float32 rows ``x`` (m, k), k a multiple of 32."""
     m, k = x.shape
     assert x.is_contiguous() and k % 32 == 0, (x.shape, x.stride())
     out = out or Q8Activation.empty(m, k, x.device)
     block = 1024
-    _quantize_kernel[(triton.cdiv(m * k, block),)](x, out.q, out.d, m * k, BLOCK=block, **pdl.launch())
+    _quantize_kernel[(triton.cdiv(m * k, block),)](x, out.q, out.d, m * k, BLOCK=block, **pdl.launch(pdl_on))
     return out
 
 
@@ -201,7 +201,8 @@ def _q8_step(acc, words, hw, s0, m0, s1, m1, xq_ptr, xd_ptr, j, NU, BITS: tl.con
 
 @triton.jit
 def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr,
-                    y2_ptr, N, N1, N2, K, QW, QHW, stride_y, pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX,
+                    y2_ptr, N, N1, N2, K, QW, QHW, stride_y, pos_ptr, slot_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF,
+                    NSLOTS,
                     BITS: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                     HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
                     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr,
@@ -234,14 +235,15 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_p
         acc = _q8_step(acc, words, hw, s0, m0, s1, m1, xq_row, xd_row, j, NU, BITS, HB, G, QOFF, HAS_MIN, MASKED,
                        EMULATE)
     _gemv_epilogue(tl.sum(acc, axis=1), m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y,
-                   pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX, HAS_BIAS, HAS_RES, SPLIT, ROPE, NEOX, BN)
+                   pos_ptr, slot_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NSLOTS, HAS_BIAS, HAS_RES, SPLIT, ROPE, NEOX,
+                   BN)
 
 
-def gemv_q8(xq: Q8Activation, w: PackedWeight, ep: Any) -> None:
+def gemv_q8(xq: Q8Activation, w: PackedWeight, ep: Any, pdl_on: bool = False) -> None:
     """Launch the int8 GEMV of (m, k) activations ``xq`` against a quantized ``w`` with the output side ``ep``
     (qmatmul's epilogue)."""
     m, k = xq.q.shape
-    bn, kw = gemv_launch(Q8_CONFIG, w)
+    bn, kw = gemv_launch(Q8_CONFIG, w, pdl_on)
     cfg = Q8_CONFIG[tile_key(w)]
     pre2 = cfg.get("PRE", 1) == 2 and w.k // 32 * (kw["BITS"] // 4) > kw["BJ"]  # "PRE": K steps before the wait
     words, qh, *scales = _planes(w, words=True)

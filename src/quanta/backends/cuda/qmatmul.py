@@ -1,5 +1,6 @@
-"""``y = x @ W.T (+ bias) (+ residual)`` on a packed quantized weight: a fused-dequant GEMV for few rows (decode); more
-rows (prefill) go to the tensor-core GEMM of gemm.py.
+"""``y = x @ W.T (+ bias) (+ residual)`` on a packed quantized weight: a fused-dequant GEMV for few rows (decode); the
+int8 GEMVs of q8gemv.py (one row) and batch_gemv.py (up to ``INT8_MAX_ROWS`` rows) on int8 activations; more
+rows (decode batches and prefill) go to the tensor-core GEMM of gemm.py.
 
 Layout (see repack.py): a row of W is read as chunks of 32 weights; chunk ``c`` is 4 (4-bit) or 8 (8-bit) 32-bit
 words whose slot ``s`` of word ``w`` holds weight ``32c + NW*s + w`` (NW = words per chunk), or 32 floats (dense);
@@ -33,7 +34,11 @@ from quanta.backends.cuda.codes import high_fields, high_words, slot_value
 from quanta.backends.cuda.repack import PackedWeight
 from quanta.backends.cuda.rope import RopeStore, gemv_rows, rope_store
 
-GEMV_MAX_ROWS = 4  # up to this many activation rows the weight is streamed once per row (decode)
+GEMV_MAX_ROWS = 3  # up to this many activation rows the float GEMV streams the weight once per row
+# up to this many rows the int8 GEMVs: their dp4a work grows with the rows (GPU run of 2026-12-02: a TinyLlama
+# decode step of 0.61 ms at 1 row, 1.57 / 4.70 / 15.1 ms at 4 / 16 / 64 rows through batch_gemv.py), while the
+# tensor-core GEMM of a weight dequantized once costs about the same at 4 rows as at 256
+INT8_MAX_ROWS = 3
 # GEMV tiles (BN rows x BJ 16-byte units per program) per code width (6: 4-bit codes with high bits, see tile_key)
 # and matrix class, chosen on the H200 by scripts/gpu_tune.py (docs/PERF.md, GPU journal, run 8); BJ shrinks to the
 # row's unit count for short rows. (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours;
@@ -77,16 +82,16 @@ def _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N
 
 
 @triton.jit
-def _gemv_epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, pos_ptr, cos_ptr,
-                   sin_ptr, ROW0, HD, HALF, NCTX, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+def _gemv_epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, pos_ptr, slot_ptr,
+                   cos_ptr, sin_ptr, ROW0, HD, HALF, NSLOTS, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                    SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr, BN: tl.constexpr):
-    """The GEMVs' output side: ``_epilogue``, or (ROPE) the bias, then rope and the KV store (rope.py; N1, N2:
-    the Q and Q+K row counts, y_ptr/y1_ptr/y2_ptr: q and the K and V caches)."""
+    """The GEMVs' output side for activation row ``m``: ``_epilogue``, or (ROPE) the bias, then rope and the KV
+    store (rope.py; N1, N2: the Q and Q+K row counts, y_ptr/y1_ptr/y2_ptr: q and the K and V pools)."""
     if ROPE:
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=rmask, other=0)
-        rope_store(y, rows, rmask, y_ptr, y1_ptr, y2_ptr, pos_ptr, cos_ptr, sin_ptr, ROW0, N1, N2, HD, HALF, NCTX,
-                   NEOX, BN)
+        rope_store(y, m, rows, rmask, y_ptr, y1_ptr, y2_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, ROW0, N1, N2, HD,
+                   HALF, NSLOTS, NEOX, BN)
     else:
         _epilogue(y, m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES,
                   SPLIT)
@@ -117,7 +122,7 @@ def _gemv_program(N, K, N2, ROW0, HD, HALF, UPC: tl.constexpr, G: tl.constexpr, 
     """The GEMVs' first lines: let the next kernel launch (PDL); then this program's activation row, its output
     rows and their mask, the unit offsets of a K step, and the units, groups and super-blocks per weight row."""
     pdl.allow_next(PDL)
-    rows = gemv_rows(BN, ROW0, N2, HD, HALF, ROPE, NEOX)
+    rows = gemv_rows(tl.program_id(0), BN, ROW0, N2, HD, HALF, ROPE, NEOX)
     return tl.program_id(1), rows, rows < N, tl.arange(0, BJ), K // 32 * UPC, K // G, K // SB
 
 
@@ -201,8 +206,8 @@ def _gemv_step(acc, words, hw, s0, m0, s1, m1, xrow, j, NU, BITS: tl.constexpr, 
 
 @triton.jit
 def _gemv_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr,
-                 N, N1, N2, K, QW, QHW, stride_x, stride_y, pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX,
-                 BITS: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
+                 N, N1, N2, K, QW, QHW, stride_x, stride_y, pos_ptr, slot_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF,
+                 NSLOTS, BITS: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr,
                  BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, PDL: tl.constexpr):
@@ -228,7 +233,8 @@ def _gemv_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr,
                                                NU, NG, NSB, UPC, HB, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
         acc = _gemv_step(acc, words, hw, s0, m0, s1, m1, xrow, j, NU, BITS, HB, G, QOFF, HAS_MIN, MASKED)
     _gemv_epilogue(tl.sum(acc, axis=1), m, rows, rmask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y,
-                   pos_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NCTX, HAS_BIAS, HAS_RES, SPLIT, ROPE, NEOX, BN)
+                   pos_ptr, slot_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF, NSLOTS, HAS_BIAS, HAS_RES, SPLIT, ROPE, NEOX,
+                   BN)
 
 
 @triton.jit
@@ -294,22 +300,22 @@ class _Epilogue:
 
     def gemv_args(self) -> tuple:
         """The GEMVs' trailing rope arguments (``RopeStore.args``; placeholders without rope)."""
-        return self.rope.args() if self.rope else (self.out, self.out, self.out, 0, 1, 1, 0)
+        return self.rope.args() if self.rope else (self.out, self.out, self.out, self.out, 0, 1, 1, 0)
 
     def gemv_flags(self) -> dict:
         return dict(**self.flags(), ROPE=self.rope is not None, NEOX=bool(self.rope and self.rope.neox))
 
 
-def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue) -> None:
+def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue, pdl_on: bool) -> None:
     m, k = x.shape
     stride_y = ep.out.stride(0)
     if w.kind == "dense":
         bn = 4
         _gemv_dense_kernel[(triton.cdiv(w.n, bn), m)](x, w.q, *ep.args(), w.n, *ep.bounds, k, w.q.stride(0),
                                                       x.stride(0), stride_y, BN=bn, BK=256, num_warps=4,
-                                                      **ep.flags(), **pdl.launch())
+                                                      **ep.flags(), **pdl.launch(pdl_on))
         return
-    bn, kw = gemv_launch(GEMV_CONFIG, w)
+    bn, kw = gemv_launch(GEMV_CONFIG, w, pdl_on)
     words, qh, *scales = _planes(w, words=True)
     _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, qh, *scales, *ep.args(), w.n, *ep.bounds, k, words.stride(0),
                                             qh.stride(0), x.stride(0), stride_y, *ep.gemv_args(),
@@ -322,7 +328,7 @@ def tile_key(w: PackedWeight) -> tuple[int, str]:
     return 8 if w.kind == "q8" else 6 if w.high_bits else 4, gemv_class(w.n, w.k)
 
 
-def gemv_launch(table: dict, w: PackedWeight) -> tuple[int, dict]:
+def gemv_launch(table: dict, w: PackedWeight, pdl_on: bool = False) -> tuple[int, dict]:
     """The row tile (BN) and the kernel keywords of a quantized weight's GEMV, from the tile ``table``
     (GEMV_CONFIG, or q8gemv.Q8_CONFIG for the int8 GEMV): format constants, tile, masking, warps, PDL."""
     bits = 4 if w.kind == "q4" else 8
@@ -332,26 +338,48 @@ def gemv_launch(table: dict, w: PackedWeight) -> tuple[int, dict]:
     meta = _meta(w)
     del meta["KIND"]
     return bn, dict(BITS=bits, BN=bn, BJ=bj, MASKED=bool(units % bj or w.n % bn), num_warps=cfg["num_warps"],
-                    **meta, **pdl.launch())
+                    **meta, **pdl.launch(pdl_on))
+
+
+def routes_int8(m: int, w: PackedWeight) -> bool:
+    """Whether ``m`` activation rows against ``w`` take an int8 GEMV (given an int8 copy of x)."""
+    return m <= INT8_MAX_ROWS and w.kind != "dense"
+
+
+def rope_fits(m: int, w: PackedWeight, int8: bool) -> bool:
+    """Whether the GEMV that ``m`` rows against a quantized ``w`` take can rotate and store in its epilogue (a row
+    tile of even BN: rotated pairs in one program)."""
+    from quanta.backends.cuda.batch_gemv import batch_tile  # batch_gemv.py imports this module's pieces
+    from quanta.backends.cuda.q8gemv import Q8_CONFIG
+
+    if w.kind == "dense" or m > (INT8_MAX_ROWS if int8 else GEMV_MAX_ROWS):
+        return False
+    if int8:
+        bn = gemv_launch(Q8_CONFIG, w)[0] if m == 1 else batch_tile(w, m)["BN"]
+    else:
+        bn = gemv_launch(GEMV_CONFIG, w)[0]
+    return bn % 2 == 0
 
 
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
             residual: torch.Tensor | None = None, exact: bool = False, bias: torch.Tensor | None = None,
             outs: list[torch.Tensor] | None = None, xq: Any = None, rope: RopeStore | None = None,
-            xw: torch.Tensor | None = None, scratch: torch.Tensor | None = None) -> torch.Tensor:
+            xw: torch.Tensor | None = None, scratch: torch.Tensor | None = None,
+            pdl_on: bool = False) -> torch.Tensor:
     """``x @ W.T (+ bias) (+ residual)``: x (m, k) float32 contiguous rows → (m, n) float32 (written into ``out``;
     ``residual`` may be ``out``). ``outs``: instead, column blocks into these contiguous (m, n_i) arrays (≤ 3).
 
-    ``exact``: the prefill GEMM multiplies in IEEE fp32 instead of bf16. ``xq``: x as int8 (a ``Q8Activation``):
-    a quantized weight then takes the int8 GEMV (q8gemv.py) for few rows. ``xw``: x as the GEMM's operand (more
-    rows, fast mode; gemm.py's ``word_order``), written by x's producer. ``rope``: one row through a quantized
-    weight whose GEMV tile has an even BN (``CUDABackend.qkv_rope`` checks): rotated and stored as ``rope`` says.
-    ``scratch``: for a GEMM (more rows), a bf16 buffer the weight is dequantized into first (gemm.py's
-    ``dequantizes`` says when)."""
+    ``exact``: the GEMM multiplies in IEEE fp32 instead of bf16. ``xq``: x as int8 (a ``Q8Activation``): a
+    quantized weight then takes the int8 GEMV (q8gemv.py) for one row, the batched one (batch_gemv.py) for up to
+    INT8_MAX_ROWS.
+    ``xw``: x as the GEMM's operand (more rows, fast mode; gemm.py's ``word_order``), written by x's producer.
+    ``rope``: rows through a quantized weight whose GEMV has an even row tile (``rope_fits``): rotated and stored
+    as ``rope`` says. ``scratch``: for a GEMM (more rows), a bf16 buffer the weight is dequantized into first
+    (gemm.py's ``dequantizes`` says when). ``pdl_on``: launch with programmatic dependent launch (pdl.py)."""
     m, k = x.shape
     assert k == w.k and x.stride(1) == 1, (x.shape, w.k)
     if rope is not None:
-        assert m == 1 and w.kind != "dense" and residual is None and not outs
+        assert rope_fits(m, w, xq is not None) and residual is None and not outs
         out = rope.q
     elif outs:
         out = outs[0]
@@ -360,12 +388,17 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
         out = torch.empty((m, w.n), dtype=torch.float32, device=x.device)
     assert residual is None or residual.stride(0) == out.stride(0)
     ep = _Epilogue(out, residual, bias, outs, w.n, rope)
-    if m <= GEMV_MAX_ROWS and xq is not None and w.kind != "dense":
-        from quanta.backends.cuda.q8gemv import gemv_q8  # q8gemv.py imports this module's tiles
+    if xq is not None and routes_int8(m, w):
+        if m == 1:
+            from quanta.backends.cuda.q8gemv import gemv_q8  # q8gemv.py imports this module's tiles
 
-        gemv_q8(xq, w, ep)
+            gemv_q8(xq, w, ep, pdl_on)
+        else:
+            from quanta.backends.cuda.batch_gemv import batch_gemv_q8
+
+            batch_gemv_q8(xq, w, ep, pdl_on)
     elif m <= GEMV_MAX_ROWS:
-        _gemv(x, w, ep)
+        _gemv(x, w, ep, pdl_on)
     else:
         from quanta.backends.cuda.gemm import gemm  # gemm.py imports this module's epilogue
 

@@ -1,7 +1,8 @@
-"""Greedy token selection on the device: a two-stage argmax over the vocabulary.
+"""Greedy token selection on the device: a two-stage argmax of every row of a batch's logits.
 
-Stage one reduces blocks of the logits to (max, index) pairs; stage two, one program, reduces those. Ties go to
-the lowest index, as numpy's argmax. Tested against numpy.argmax.
+Stage one reduces blocks of each row to (max, index, any NaN) triples; stage two, one program per row, reduces
+those. Ties go to the lowest index, as numpy's argmax. A row holding a NaN, or whose maximum is infinite, gives -1
+(as the CPU backend: a broken model's logits). Tested against numpy.argmax.
 """
 
 from __future__ import annotations
@@ -16,43 +17,55 @@ _BLOCK = 2048
 
 
 @triton.jit
-def _block_argmax_kernel(x_ptr, vmax_ptr, imax_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _block_argmax_kernel(x_ptr, vmax_ptr, imax_ptr, nan_ptr, N, NB, stride, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
     pdl.allow_next(PDL)
     pdl.wait_prev(PDL)
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs, mask=offs < N, other=-float("inf"))
+    b = tl.program_id(0)
+    r = tl.program_id(1)
+    offs = b * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + r * stride + offs, mask=offs < N, other=-float("inf"))
     m = tl.max(x, axis=0)
     idx = tl.min(tl.where(x == m, offs, N), axis=0)
-    tl.store(vmax_ptr + pid, m)
-    tl.store(imax_ptr + pid, idx)
+    tl.store(vmax_ptr + r * NB + b, m)
+    tl.store(imax_ptr + r * NB + b, idx)
+    tl.store(nan_ptr + r * NB + b, tl.max((x != x).to(tl.int32), axis=0))  # noqa: PLR0124 (the NaN test)
 
 
 @triton.jit
-def _final_argmax_kernel(vmax_ptr, imax_ptr, out_ptr, NB, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _final_argmax_kernel(vmax_ptr, imax_ptr, nan_ptr, out_ptr, NB, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl.allow_next(PDL)
     pdl.wait_prev(PDL)
+    r = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
-    v = tl.load(vmax_ptr + offs, mask=offs < NB, other=-float("inf"))
-    i = tl.load(imax_ptr + offs, mask=offs < NB, other=2147483647)
+    mask = offs < NB
+    v = tl.load(vmax_ptr + r * NB + offs, mask=mask, other=-float("inf"))
+    i = tl.load(imax_ptr + r * NB + offs, mask=mask, other=2147483647)
+    nan = tl.max(tl.load(nan_ptr + r * NB + offs, mask=mask, other=0), axis=0)
     m = tl.max(v, axis=0)
-    tl.store(out_ptr, tl.min(tl.where(v == m, i, 2147483647), axis=0))
+    best = tl.min(tl.where(v == m, i, 2147483647), axis=0)
+    broken = (nan > 0) | (m == float("inf")) | (m == -float("inf"))
+    tl.store(out_ptr + r, tl.where(broken, -1, best))
 
 
-class Argmax:
-    """Reusable scratch for the argmax of 1-D float32 arrays of one length (no allocation per call)."""
+class ArgmaxRows:
+    """Reusable scratch for the row argmax of (rows, n) float32 logits with up to ``rows`` rows. Each call returns
+    a new array: a step queued ahead reads the tokens of the one before while its own argmax runs."""
 
-    def __init__(self, n: int, device: torch.device):
-        self.n = n
+    def __init__(self, rows: int, n: int, device: torch.device):
+        self.rows, self.n = rows, n
         self.nb = triton.cdiv(n, _BLOCK)
-        self.vmax = torch.empty(self.nb, dtype=torch.float32, device=device)
-        self.imax = torch.empty(self.nb, dtype=torch.int32, device=device)
-        self.out = torch.empty(1, dtype=torch.int32, device=device)
+        self.vmax = torch.empty((rows, self.nb), dtype=torch.float32, device=device)
+        self.imax = torch.empty((rows, self.nb), dtype=torch.int32, device=device)
+        self.nan = torch.empty((rows, self.nb), dtype=torch.int32, device=device)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The index of the largest element of ``x`` as a (1,) int32 device tensor."""
-        assert x.numel() == self.n and x.is_contiguous()
-        _block_argmax_kernel[(self.nb,)](x, self.vmax, self.imax, self.n, BLOCK=_BLOCK, **pdl.launch())
-        _final_argmax_kernel[(1,)](self.vmax, self.imax, self.out, self.nb,
-                                   BLOCK=triton.next_power_of_2(self.nb), **pdl.launch())
-        return self.out
+    def __call__(self, x: torch.Tensor, pdl_on: bool = False) -> torch.Tensor:
+        """The index of each row's largest element (-1 for a broken row) as a (len(x),) int32 device tensor."""
+        r, n = x.shape
+        assert r <= self.rows and n == self.n and x.stride(1) == 1
+        _block_argmax_kernel[(self.nb, r)](x, self.vmax, self.imax, self.nan, n, self.nb, x.stride(0),
+                                           BLOCK=_BLOCK, **pdl.launch(pdl_on))
+        out = torch.empty(r, dtype=torch.int32, device=x.device)
+        _final_argmax_kernel[(r,)](self.vmax, self.imax, self.nan, out, self.nb,
+                                   BLOCK=triton.next_power_of_2(self.nb), **pdl.launch(pdl_on))
+        return out

@@ -1,0 +1,183 @@
+"""Forwards as captured graphs: decode batches per batch-size bucket, prefill steps per token-count bucket.
+
+A decode-only batch (one new token per sequence, every row sampled) of n sequences replays the graph of the
+smallest bucket b ≥ n of 1, 2, 4, … max_seqs. A step with prefill chunks of n tokens in s sequences (decode tokens
+beside them too) replays the graph of (T ≥ n tokens, S ≥ s + 1 sequences) once that shape has run twice (the first
+time eagerly: a one-off prompt length pays no capture), T from 16 up in steps of 16, or 1/16 of the next power of
+two above 256 (padding under 16 tokens or 12.5%), S a power of two. Graphs are recorded by ``Backend.capture``.
+
+A graph's inputs, the token ids, the placement (AttentionMetadata) and the rows that need logits, live in one
+device array that each step rewrites in place with one host→device copy (``write``); tokens the step before
+sampled and left on the device are gathered into it there (``feed_tokens_into``), so a step can be queued before
+the host has read the last one's tokens. Both ops are the CUDA backend's: only a backend that captures graphs
+needs them. Padding is dummy sequences at position 0 whose K/V go to the pool's padding block, one past the
+engine's ``n_blocks`` (a backend that captures graphs allocates it: ``CUDAKVCache.pad_block``), so it never touches
+a real sequence: in decode one dummy sequence per padding row, in prefill one holding all padding tokens (each
+attends to position 0 only) and empty ones up to S. Rows are independent in every op but attention, and attention
+reads only its own sequence: the real rows' logits are an eager forward's of the same batch. The prefill graphs
+share one set of buffers (sized for the largest bucket): graphs replay one after another on one stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from quanta.backends.base import Array, AttentionMetadata, Backend
+from quanta.models.base import Model
+
+PAD_TOKEN = 0  # any valid id: the padding rows' logits are never read
+MIN_STEP = 16  # prefill buckets are multiples of 16 tokens
+CAPTURE_AT_USE = 2  # a prefill shape's graph is recorded at its second use
+
+
+def buckets(max_seqs: int) -> list[int]:
+    """The decode batch sizes graphs are captured for: powers of two below ``max_seqs``, then ``max_seqs``."""
+    sizes = [1 << i for i in range(max_seqs.bit_length()) if 1 << i < max_seqs]
+    return sizes + [max_seqs]
+
+
+def token_bucket(n: int) -> int:
+    """Tokens a prefill step of ``n`` tokens runs as: ``n`` rounded up to a multiple of ``max(16, next_pow2(n) /
+    16)`` (16, 32, … 256, 288, 320, … 512, 576, …: eight buckets per octave above 256)."""
+    step = max(MIN_STEP, (1 << (n - 1).bit_length()) // 16)
+    return -(-n // step) * step
+
+
+class _Graph:
+    """One captured forward of ``tokens`` token rows in ``seqs`` sequence rows, its input array and the host copy
+    written into it each step. Decode (``prefill`` False): token i is sequence i and every row gets logits.
+
+    The input array holds, in order: ids, positions, slots, token_seq, source (``tokens`` each; source[i] >= 0:
+    token i is that row of the previous step's samples on the device), seq_lens, logit rows (``seqs`` each),
+    query_starts (seqs + 1), block_tables (seqs x width)."""
+
+    TOKEN_FIELDS = ("ids", "positions", "slots", "token_seq", "source")
+    SEQ_FIELDS = ("seq_lens", "rows")
+
+    def __init__(self, model: Model, backend: Backend, cache: Any, tokens: int, seqs: int, width: int,
+                 block_size: int, pad_block: int, prefill: bool, share_rows: int | None = None):
+        self.backend, self.tokens, self.seqs, self.width, self.prefill = backend, tokens, seqs, width, prefill
+        self.pad_slot, self.pad_block = pad_block * block_size, pad_block
+        t, s, o, at = tokens, seqs, 0, {}
+        for name, size in [(f, t) for f in self.TOKEN_FIELDS] + [(f, s) for f in self.SEQ_FIELDS] + [
+                ("query_starts", s + 1), ("block_tables", s * width)]:
+            at[name], o = slice(o, o + size), o + size
+        self.at = at
+        self.host = np.zeros(o, np.int32)
+        if not prefill:
+            self._field("token_seq")[:] = np.arange(t)
+            self._field("query_starts")[:] = np.arange(s + 1)
+        self._pad(0, 0)
+        self.io = backend.from_host(self.host)
+        io = self.io
+        meta = AttentionMetadata(positions=io[at["positions"]], slots=io[at["slots"]],
+                                 token_seq=io[at["token_seq"]], seq_lens=io[at["seq_lens"]],
+                                 query_starts=io[at["query_starts"]],
+                                 block_tables=io[at["block_tables"]].reshape(s, width), n_seqs=s,
+                                 max_query_len=t if prefill else 1, block_size=block_size)
+        ids, rows = io[at["ids"]], io[at["rows"]] if prefill else None
+        self.ids, self.source = ids, io[at["source"]]
+        kwargs = {} if share_rows is None else {"share_rows": share_rows}
+        self.replay: Callable[[], Array] | None = backend.capture(
+            lambda: model.forward(ids, meta, cache, rows), **kwargs)
+
+    def _field(self, name: str) -> np.ndarray:
+        return self.host[self.at[name]]
+
+    def _tables(self) -> np.ndarray:
+        return self._field("block_tables").reshape(self.seqs, self.width)
+
+    def _pad(self, n: int, s: int) -> None:
+        """Tokens n.. and sequences s.. as padding (decode: one dummy sequence per row; prefill: the tokens in
+        sequence s, the sequences after it empty), at position 0 in the padding block."""
+        self._field("ids")[n:] = PAD_TOKEN
+        self._field("positions")[n:] = 0
+        self._field("slots")[n:] = self.pad_slot
+        self._field("source")[n:] = -1
+        self._field("seq_lens")[s:] = 1
+        self._tables()[s:, 0] = self.pad_block
+        if self.prefill:
+            self._field("token_seq")[n:] = s
+            self._field("query_starts")[s + 1:] = self.tokens
+
+    def run(self, ids: np.ndarray, meta: AttentionMetadata, previous: Array | None, source: np.ndarray | None,
+            rows: np.ndarray | None) -> Array:
+        n, s = len(ids), meta.n_seqs
+        assert self.replay is not None
+        self._field("ids")[:n] = ids
+        self._field("positions")[:n] = meta.positions
+        self._field("slots")[:n] = meta.slots
+        self._field("source")[:n] = -1 if source is None else source
+        self._field("seq_lens")[:s] = meta.seq_lens
+        self._tables()[:s, :meta.block_tables.shape[1]] = meta.block_tables
+        if self.prefill:
+            self._field("token_seq")[:n] = meta.token_seq
+            self._field("query_starts")[:s + 1] = meta.query_starts
+            self._field("rows")[:len(rows)] = rows
+            self._field("rows")[len(rows):] = self.tokens - 1
+        self._pad(n, s)
+        be: Any = self.backend  # a backend that captures graphs provides write and feed_tokens_into
+        be.write(self.io, self.host)
+        if source is not None:
+            be.feed_tokens_into(self.ids, previous, self.source)
+        return self.replay()[:n if rows is None else len(rows)]
+
+
+class ForwardGraphs:
+    """The captured forwards of one model and KV pool (see the module docstring); ``run`` is the model runner's
+    hook."""
+
+    def __init__(self, model: Model, backend: Backend, cache: Any, *, max_seqs: int, max_tokens: int, n_ctx: int,
+                 block_size: int, n_blocks: int):
+        self.model, self.backend, self.cache = model, backend, cache
+        self.sizes = buckets(max_seqs)
+        self.max_tokens = token_bucket(max_tokens)
+        self.width = -(-n_ctx // block_size)  # block-table columns: the longest sequence's blocks
+        self.block_size, self.pad_block = block_size, n_blocks
+        self._graphs: dict[tuple[int, int, bool], _Graph] = {}
+        self._uses: dict[tuple[int, int, bool], int] = {}
+
+    def bucket(self, n: int) -> int | None:
+        """The decode bucket of n sequences."""
+        return next((b for b in self.sizes if b >= n), None)
+
+    def replay_of(self, n: int) -> Callable[[], Array] | None:
+        """The replay function of the decode bucket that runs n sequences, once captured (to time a step's GPU
+        work)."""
+        g = self._graphs.get((self.bucket(n) or 0, self.bucket(n) or 0, False))
+        return g.replay if g is not None else None
+
+    def run(self, ids: np.ndarray, meta: AttentionMetadata, previous: Array | None = None,
+            source: np.ndarray | None = None, rows: np.ndarray | None = None) -> Array | None:
+        """Logits of the step (host inputs, as the model runner builds them; where ``source[i] >= 0``, token i is
+        ``previous[source[i]]``, the step before's sample on the device): of every row of a decode batch, of
+        ``rows`` of a prefill step; or None where no graph runs it (graphs off or unsupported, a shape past the
+        buckets, every row's logits asked of a prefill, a prefill shape's first use): the caller then runs the
+        forward eagerly. The logits stay valid until the next replay."""
+        if not self.backend.graphs or meta.block_tables.shape[1] > self.width:
+            return None
+        if meta.max_query_len == 1 and rows is None and len(ids) == meta.n_seqs:
+            b = self.bucket(meta.n_seqs)
+            key = (b, b, False) if b is not None else None
+        elif rows is not None and len(ids) <= self.max_tokens:
+            seqs = 1 << max(meta.n_seqs, len(rows) - 1).bit_length()  # room for the padding sequence and the rows
+            key = (token_bucket(len(ids)), seqs, True)
+            self._uses[key] = self._uses.get(key, 0) + 1
+            if self._uses[key] < CAPTURE_AT_USE:
+                return None
+        else:
+            key = None
+        if key is None:
+            return None
+        g = self._graphs.get(key)
+        if g is None:
+            tokens, seqs, prefill = key
+            g = self._graphs[key] = _Graph(self.model, self.backend, self.cache, tokens, seqs, self.width,
+                                           self.block_size, self.pad_block, prefill,
+                                           self.max_tokens if prefill else None)
+        if g.replay is None:
+            return None
+        return g.run(ids, meta, previous, source, rows)

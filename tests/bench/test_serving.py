@@ -1,0 +1,75 @@
+"""`quanta bench --concurrency`: the burst's figures from a scripted engine and clock (the definitions, by hand),
+and the verb end to end on the real SmolLM2 on the CPU (every request's tokens, the prefix cache's hit)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from quanta.bench import serving
+from quanta.cli.main import main
+
+
+class ScriptedEngine:
+    """Two requests: A gets tokens in steps 1-4, B (queued behind A's prefill) in steps 2-5; one step per second."""
+
+    def __init__(self):
+        self.script = [[(0, 1)], [(0, 1), (1, 1)], [(0, 1), (1, 1)], [(0, 1), (1, 1)], [(1, 1)]]
+        self.added: list[list[int]] = []
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+    def add_request(self, prompt, params, stop) -> int:
+        assert params.temperature == 0 and stop.ignore_eos and stop.max_tokens == 4
+        self.added.append(prompt)
+        return len(self.added) - 1
+
+    def has_unfinished(self) -> bool:
+        return bool(self.script)
+
+    def step(self) -> list:
+        return [SimpleNamespace(request_id=r, new_token_ids=[7] * n) for r, n in self.script.pop(0)]
+
+    def release(self, request_id: int) -> None:
+        pass
+
+
+def test_burst_figures_follow_their_definitions(monkeypatch) -> None:
+    clock = iter(range(100))
+    monkeypatch.setattr(serving.time, "perf_counter", lambda: float(next(clock)))
+    r = serving.run_burst(ScriptedEngine(), [[1] * 10, [2] * 10], 4)
+    # t0 = 0; steps end at 1..5; the last first token at t = 2; the end at t = 6 (one more clock read)
+    assert r["prefill_tok_s"] == 20 / 2
+    assert r["decode_tok_s"] == 5 / (6 - 2)  # tokens of steps 3-5 (A: 2, B: 3) over the time after t = 2
+    assert r["per_seq_decode_tok_s"] == 3 / 3  # both: 3 tokens after the first in 3 s
+    assert r["ttft_s"] == [1.0, 2.0] and r["steps"] == 5
+
+
+def test_burst_refuses_a_short_request(monkeypatch) -> None:
+    engine = ScriptedEngine()
+    engine.script[-1] = []  # B never gets its 4th token
+    with pytest.raises(AssertionError):
+        serving.run_burst(engine, [[1] * 10, [2] * 10], 4)
+
+
+def test_concurrency_bench_on_the_cpu(smollm2_path, tmp_path) -> None:
+    out = tmp_path / "serving.json"
+    status = main(["bench", "-m", str(smollm2_path), "--device", "cpu", "--threads", "2", "--concurrency", "1,3",
+                   "-p", "16", "-n", "4", "--repeats", "1", "--prefix-tokens", "40", "--json", str(out),
+                   "--plot", str(tmp_path / "serving.png")])
+    assert status == 0 and (tmp_path / "serving.png").stat().st_size > 0
+    r = json.loads(out.read_text())
+    assert [row["concurrency"] for row in r["runs"]] == [1, 3]
+    for row in r["runs"]:
+        assert row["decode_tok_s"] > 0 and row["prefill_tok_s"] > 0 and row["per_seq_decode_tok_s"] > 0
+        assert row["ttft_ms_p50"] <= row["ttft_ms_p90"] <= row["ttft_ms_p99"]
+        assert row["decode_tok_s_spread"]["min"] == row["decode_tok_s"] == row["decode_tok_s_spread"]["max"]
+    assert r["prefix_cache"]["cached_tokens"] == [0, 32]  # the shared prefix's full blocks of 16
+
+
+def test_bad_concurrency_is_a_clear_error(capsys) -> None:
+    assert main(["bench", "--concurrency", "4,x"]) != 0
+    assert "--concurrency takes comma-separated counts" in capsys.readouterr().err
