@@ -83,6 +83,8 @@ class ModelRunner:
         """Token ids (``PENDING`` where not known yet), placement and logit rows of ``batch`` (host arrays)."""
         b = self.block_size
         n, s = batch.total_tokens, len(batch)
+        if n == s and all(batch.samples(j) for j in range(s)):
+            return self._decode_inputs(batch)
         ids = np.empty(n, np.int32)
         positions = np.empty(n, np.int32)
         token_seq = np.empty(n, np.int32)
@@ -106,6 +108,23 @@ class ModelRunner:
         meta = AttentionMetadata(positions, slots.astype(np.int32), token_seq, tables, seq_lens, starts, s,
                                  int(max(batch.num_tokens)), b)
         return ids, meta, None if len(rows) == n else np.asarray(rows, np.int32)
+
+    def _decode_inputs(self, batch: ScheduledBatch) -> tuple[np.ndarray, AttentionMetadata, None]:
+        """:meth:`inputs` of a decode-only batch (each sequence's last token), the common step: built from lists."""
+        b = self.block_size
+        positions = [seq.num_computed for seq in batch.seqs]
+        width = max(len(seq.table.blocks) for seq in batch.seqs)
+        tables = np.zeros((len(batch), width), np.int32)
+        slots = []
+        for j, (seq, p) in enumerate(zip(batch.seqs, positions)):
+            blocks = seq.table.blocks
+            tables[j, :len(blocks)] = blocks
+            slots.append(blocks[p // b] * b + p % b)
+        s = len(batch)
+        pos = np.array(positions, np.int32)
+        meta = AttentionMetadata(pos, np.array(slots, np.int32), np.arange(s, dtype=np.int32), tables, pos + 1,
+                                 np.arange(s + 1, dtype=np.int32), s, 1, b)
+        return np.array([seq.token_ids[p] for seq, p in zip(batch.seqs, positions)], np.int32), meta, None
 
     def score(self, token_ids: list[int], table: list[int], chunk: int) -> np.ndarray:
         """Teacher-forced logits (n, vocab) of ``token_ids`` written into the blocks ``table``, ``chunk`` tokens per

@@ -160,3 +160,22 @@ def test_bad_device_and_threads():
     with pytest.raises(ValueError, match="threads"):
         get_backend("cpu", threads=0)
     assert math.isfinite(get_backend("cpu", threads=1).threads)
+
+
+def test_the_kv_pool_is_resident_only_where_written():
+    """A pool of 1 GiB with one slot written per layer and head costs a few pages, not the pool (numpy's large
+    arrays ask for 2 MiB huge pages, which made every head's whole row resident)."""
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+
+    from quanta.backends.cpu.kv_cache import CPUKVCache
+
+    before = rss()
+    pool = CPUKVCache(KVShape(n_layers=32, n_kv_heads=8, head_dim=64, n_blocks=2048, block_size=16))
+    assert pool.nbytes == 2**31
+    for layer in range(32):
+        k, v, _, _ = pool[layer]
+        k[:, 5] = 1.0
+        v[:, 5] = 1.0
+    assert rss() - before < 64 * 2**20

@@ -92,9 +92,9 @@ class CPUBackend(Backend):
     def metadata(self, host: AttentionMetadata) -> CPUAttentionMetadata:
         """``host`` plus which tokens the numba kernel takes and which sequences' chunks go to BLAS."""
         starts = host.query_starts
-        lens = np.diff(starts)
-        large = np.flatnonzero(lens >= BLAS_ATTENTION_MIN_ROWS)
-        if large.size == 0:
+        large = np.flatnonzero(np.diff(starts) >= BLAS_ATTENTION_MIN_ROWS) if host.max_query_len >= \
+            BLAS_ATTENTION_MIN_ROWS else ()
+        if len(large) == 0:
             rows = self._arange(len(host.positions))
         else:
             small = np.ones(len(host.positions), bool)

@@ -2,11 +2,17 @@
 
 ``f32`` stores the values; ``q8`` stores int8 codes with a float32 scale per 32 values of a (slot, KV head) row
 (``max|x| / 127``, symmetric, of the row rotated by a Walsh-Hadamard matrix: attention.py): 1.125 bytes per value
-instead of 4. q8 needs a power-of-two head size. Allocated once with np.zeros, so the OS
-maps pages only as slots are written: resident memory grows with the blocks actually used, not with the pool's size.
+instead of 4. q8 needs a power-of-two head size.
+
+The arrays live in anonymous maps without transparent huge pages, so the OS maps 4 KiB pages only as slots are
+written: resident memory grows with the blocks actually used, not with the pool's size (numpy's own large arrays
+ask for huge pages: one written slot per layer and head then made a 2 MiB page resident, and the whole pool with it).
 """
 
 from __future__ import annotations
+
+import math
+import mmap
 
 import numpy as np
 
@@ -24,6 +30,15 @@ def kv_nbytes(shape: KVShape, dtype: str) -> int:
     return shape.nbytes(4)
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """A zero array in its own anonymous map, paged in 4 KiB at a time as it is written."""
+    size = max(1, math.prod(shape) * np.dtype(dtype).itemsize)
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype, count=math.prod(shape)).reshape(shape)
+
+
 class CPUKVCache:
     def __init__(self, shape: KVShape, dtype: str = "f32"):
         if dtype not in KV_DTYPES:
@@ -33,11 +48,11 @@ class CPUKVCache:
         self.shape, self.dtype = shape, dtype
         dims = (shape.n_layers, shape.n_kv_heads, shape.n_slots, shape.head_dim)
         codes = np.int8 if dtype == "q8" else np.float32
-        self.k = np.zeros(dims, codes)
-        self.v = np.zeros(dims, codes)
+        self.k = lazy_zeros(dims, codes)
+        self.v = lazy_zeros(dims, codes)
         scales = (*dims[:3], -(-shape.head_dim // SCALE_GROUP))
-        self.k_scale = np.zeros(scales, np.float32) if dtype == "q8" else None
-        self.v_scale = np.zeros(scales, np.float32) if dtype == "q8" else None
+        self.k_scale = lazy_zeros(scales, np.float32) if dtype == "q8" else None
+        self.v_scale = lazy_zeros(scales, np.float32) if dtype == "q8" else None
 
     def __len__(self) -> int:
         return self.shape.n_layers
