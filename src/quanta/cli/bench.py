@@ -27,6 +27,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="instead: the batched engine with C concurrent requests each (quanta.bench.serving)")
     p.add_argument("--prefix-tokens", type=int, default=1000, metavar="N",
                    help="with --concurrency: also the TTFT of a request sharing an N-token prefix (0: skip)")
+    p.add_argument("--speculative", choices=("ngram",), default=None,
+                   help="instead: speculative decoding against plain decoding on three prompt sets, A/B "
+                        "(quanta.bench.speculative; needs an instruct model)")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the roofline chart and per-op bars")
 
@@ -54,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     threads = args.threads or len(os.sched_getaffinity(0))
     if args.concurrency is not None:
         return _serving(args, threads)
+    if args.speculative is not None:
+        return _speculative(args, threads)
     cfg = BenchConfig(model=resolve_model(args.model, home=args.home), device=resolve_device(args.device),
                       prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, depth=args.depth,
                       repeats=args.repeats, threads=threads, vs=args.vs, exact=args.exact,
@@ -89,4 +94,22 @@ def _serving(args: argparse.Namespace, threads: int) -> int:
         write_json(report, args.json)
     if args.plot:
         plot_serving(report, args.plot)
+    return 0
+
+
+def _speculative(args: argparse.Namespace, threads: int) -> int:
+    import json
+
+    from quanta.backends import resolve_device
+    from quanta.bench.speculative import SpeculativeBenchConfig, format_speculative, run_speculative
+    from quanta.hub import resolve_model
+
+    report = run_speculative(SpeculativeBenchConfig(model=resolve_model(args.model, home=args.home),
+                                                    device=resolve_device(args.device),
+                                                    decode_tokens=args.decode_tokens, repeats=args.repeats,
+                                                    threads=threads, exact=args.exact))
+    print(format_speculative(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
     return 0
