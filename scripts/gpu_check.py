@@ -155,9 +155,10 @@ def single(run: Run, label: str, src: str) -> None:
 
 
 def kernels(run: Run) -> None:
-    """Decode matmul time per step of TinyLlama's shapes (22 layers and the lm head) by route and row count."""
+    """Decode matmul GPU time per step of TinyLlama's shapes (22 layers and the lm head) by route and row count: each
+    route's matmuls of one step captured in a CUDA graph, its replays timed with events (a single small matmul
+    timed alone measures Python's launch overhead, not the kernel)."""
     import torch
-    import triton
 
     from quanta.backends.cuda import batch_gemv, gemm, q8gemv
     from quanta.backends.cuda.qmatmul import _Epilogue, _gemv
@@ -171,28 +172,42 @@ def kernels(run: Run) -> None:
         weights = [(repack(torch.from_numpy(random_tensor(t, (n, k), rng)).cuda(), t, (n, k)), count)
                    for n, k, t, count in shapes]
         scratch = torch.empty(11264 * 2048, dtype=torch.bfloat16, device="cuda")
-        table = {}
+        table: dict[str, dict[int, float]] = {}
         for m in ROWS:
             x = torch.randn(m, 5632, device="cuda")
-            routes = {"gemm": lambda w, xs, ep: gemm.gemm(xs, w, ep, False),
-                      "dequant": lambda w, xs, ep: gemm.gemm(xs, w, ep, False, scratch=scratch)}
-            if m <= 64:
-                routes["batch" if m > 1 else "gemv_q8"] = (
-                    lambda w, xs, ep: (batch_gemv.batch_gemv_q8 if xs.shape[0] > 1 else q8gemv.gemv_q8)(
-                        q8gemv.quantize(xs), w, ep, True))
+            routes = {"gemm": lambda w, xs, xq, ep: gemm.gemm(xs, w, ep, False),
+                      "dequant": lambda w, xs, xq, ep: gemm.gemm(xs, w, ep, False, scratch=scratch)}
+            if m == 1:
+                routes["gemv_q8"] = lambda w, xs, xq, ep: q8gemv.gemv_q8(xq, w, ep, True)
+            if 1 < m <= 64:
+                routes["batch"] = lambda w, xs, xq, ep: batch_gemv.batch_gemv_q8(xq, w, ep, True)
             if 1 < m <= 8:
-                routes["gemv_q8 x m"] = lambda w, xs, ep: q8gemv.gemv_q8(q8gemv.quantize(xs), w, ep, True)
+                routes["gemv_q8 x m"] = lambda w, xs, xq, ep: q8gemv.gemv_q8(xq, w, ep, True)
             if m <= 4:
-                routes["gemv float"] = lambda w, xs, ep: _gemv(xs, w, ep, True)
+                routes["gemv float"] = lambda w, xs, xq, ep: _gemv(xs, w, ep, True)
             for name, fn in routes.items():
-                total = 0.0
+                calls = []
                 for w, count in weights:
                     f = routes["gemm"] if name == "dequant" and w.n * w.k > scratch.numel() else fn  # (lm head)
                     xs = x[:, :w.k].contiguous()
-                    ep = _Epilogue(torch.empty(m, w.n, device="cuda"), None, None, None, w.n)
-                    total += count * triton.testing.do_bench(lambda: f(w, xs, ep), warmup=10, rep=30,
-                                                             return_mode="median")
-                table.setdefault(name, {})[m] = total
+                    calls += [(f, w, xs, q8gemv.quantize(xs),
+                               _Epilogue(torch.empty(m, w.n, device="cuda"), None, None, None, w.n))] * count
+                for f, w, xs, xq, ep in calls[:len(weights) * 22:22] + calls[-1:]:
+                    f(w, xs, xq, ep)  # compiled before the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for f, w, xs, xq, ep in calls:
+                        f(w, xs, xq, ep)
+                times = []
+                for _ in range(10):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    graph.replay()
+                    end.record()
+                    torch.cuda.synchronize()
+                    times.append(start.elapsed_time(end))
+                table.setdefault(name, {})[m] = float(np.median(times))
             run.say(f"   rows {m:>3}: " + ", ".join(f"{k} {v[m]:.3f} ms" for k, v in table.items() if m in v))
         run.results["matmul_ms_per_step"] = table
 

@@ -98,10 +98,10 @@ def test_padded_graph_batches_equal_eager_forwards(tmp_path: Path, device: str, 
         pools.append(cache.k.cpu().numpy().copy())
         if graphed:
             assert sorted(graphs._graphs) == [(2, 2, False), (4, 4, False), (8, 8, False)]
-    for got, want in zip(*reversed(runs)):
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    for got, want in zip(*reversed(runs)):  # (a padded bucket of 4 rows takes the GEMM, 3 rows the GEMV)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     eager, graphed = pools
-    np.testing.assert_array_equal(graphed[:, :, :24 * BLOCK], eager[:, :, :24 * BLOCK])
+    np.testing.assert_allclose(graphed[:, :, :24 * BLOCK], eager[:, :, :24 * BLOCK], rtol=1e-5, atol=1e-5)
     assert np.abs(graphed[:, :, 24 * BLOCK]).max() > 0  # the padding rows wrote slot 0 of the padding block
 
 
