@@ -25,6 +25,7 @@ from quanta.backends.cpu.kernels import rows as _rows
 from quanta.backends.cpu.kernels import workers as _workers
 from quanta.backends.cpu.kernels.gemm_q8_pack import TILE_ROWS, UNIT
 from quanta.backends.cpu.kernels.isa import PORTABLE, resolve_isa, token
+from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
 from quanta.backends.cpu.kernels.workers import WorkerPool
 from quanta.quant.formats import get_format
 
@@ -161,14 +162,18 @@ def _q8_block_stats(n: int, k: int) -> tuple[np.ndarray, ...]:
 
 
 def _q8_buffers(n: int, k: int) -> tuple[np.ndarray, ...]:
-    """The GEMV's q8 activations: codes (n, k) int8 and their block stats, reused per thread and shape (a decode
-    step quantizes ~200 activations: allocating them each time costs 2% of decode)."""
+    """The GEMV's q8 activations (layout in ``kernels/q8_rows.py``: codes, block scales and sums, dot starting
+    values; the padding stays zero), reused per thread and shape (a decode step quantizes ~200 activations:
+    allocating them each time costs 2% of decode)."""
     per_thread = getattr(_scratch, "q8", None)
     if per_thread is None:
         per_thread = _scratch.q8 = {}
     buffers = per_thread.get((n, k))
     if buffers is None:
-        buffers = per_thread[n, k] = (np.empty((n, k), np.int8), *_q8_block_stats(n, k))
+        pairs = -(-k // 64)
+        stats = (-(-n // ROWS_PER_PASS), pairs, 2 * ROWS_PER_PASS)
+        buffers = per_thread[n, k] = (np.zeros((n, 64 * pairs), np.int8), np.zeros(stats, np.float32),
+                                      np.zeros(stats, np.float32), np.zeros((n, pairs, 2, 8), np.int32))
     return buffers
 
 

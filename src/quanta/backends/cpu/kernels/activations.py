@@ -16,21 +16,62 @@ from numba import njit
 
 
 @njit(fastmath=True)
+def _quantize_block(x, j0, xq, first, second):
+    """The codes of ``x[j0:j0+32]``, the first 16 into ``xq[first:]``, the others into ``xq[second:]``; returns the
+    scale and the integer sum of the codes."""
+    amax = np.float32(0.0)
+    for j in range(j0, j0 + 32):
+        amax = max(amax, abs(x[j]))
+    d = amax / np.float32(127.0)
+    inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+    qs = np.int32(0)
+    for j in range(32):
+        q = np.int32(np.rint(x[j0 + j] * inv))
+        xq[(first if j < 16 else second - 16) + j] = q
+        qs += q
+    return d, qs
+
+
+@njit
 def quantize_q8_32(x, xq, xd, xsum, xqsum):
     """Quantize rows ``x`` (n, k) into ``xq`` (n, k) int8 with per-32 scales ``xd`` and sums (n, k/32)."""
     n, k = x.shape
     for t in range(n):
         for i in range(k // 32):
-            amax = np.float32(0.0)
-            for j in range(32 * i, 32 * i + 32):
-                amax = max(amax, abs(x[t, j]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
-            qs = np.int32(0)
-            for j in range(32 * i, 32 * i + 32):
-                q = np.int32(np.rint(x[t, j] * inv))
-                xq[t, j] = q
-                qs += q
+            d, qs = _quantize_block(x[t], 32 * i, xq[t], 32 * i, 32 * i + 16)
             xd[t, i] = d
             xsum[t, i] = d * np.float32(qs)
             xqsum[t, i] = qs
+
+
+@njit
+def gemv_activations(x, xq, xd, xsum, xstart, block_offset, lane_offset):
+    """The fast GEMV's q8 activations in the layout of ``q8_rows.py``: codes ``xq`` (n, 64 * pairs) in block pairs,
+    scales ``xd`` and sums ``xsum`` (groups, pairs, 8), and with a weight code offset the integer dots'
+    starting values ``xstart`` (n, pairs, 2, 8): ``-block_offset * sum(codes)`` in the first lane of each block
+    (Q4_0, Q5_0, Q8_0), or ``-lane_offset *`` the sum of each lane's four codes (Q6_K)."""
+    n, k = x.shape
+    nb, group = k // 32, xd.shape[2] // 2
+    for t in range(n):
+        g, r = t // group, t % group
+        for i in range(nb):
+            p, j = i // 2, i % 2
+            d, qs = _quantize_block(x[t], 32 * i, xq[t], 64 * p + 16 * j, 64 * p + 32 + 16 * j)
+            xd[g, p, group * j + r] = d
+            xsum[g, p, group * j + r] = d * np.float32(qs)
+            if block_offset:
+                xstart[t, p, 0, 4 * j] = -block_offset * qs
+                xstart[t, p, 0, 4 * j + 1 : 4 * j + 4] = 0
+            elif lane_offset:
+                for h in range(2):
+                    for lane in range(4 * j, 4 * j + 4):
+                        s = np.int32(0)
+                        for b in range(32 * h + 4 * lane, 32 * h + 4 * lane + 4):
+                            s += np.int32(xq[t, 64 * p + b])
+                        xstart[t, p, h, lane] = -lane_offset * s
+        if nb % 2:  # the last block's partner: zero codes, scales and starts
+            xq[t, 32 * nb + 16 : 32 * nb + 32] = 0
+            xq[t, 32 * nb + 48 : 32 * nb + 64] = 0
+            xd[g, nb // 2, group + r] = 0
+            xsum[g, nb // 2, group + r] = 0
+            xstart[t, nb // 2, :, 4:] = 0

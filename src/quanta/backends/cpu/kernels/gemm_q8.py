@@ -22,7 +22,7 @@ from quanta.backends.cpu.kernels.gemm_q8_pack import (
     TILE_ROWS, pack_q4_0, pack_q4_1, pack_q4_k, pack_q5_0, pack_q5_1, pack_q5_k, pack_q6_k, pack_q8_0,
 )  # fmt: skip
 from quanta.backends.cpu.kernels.isa import isa_of
-from quanta.backends.cpu.kernels.legacy_dot_q8 import dot_u8s8
+from quanta.backends.cpu.kernels.int8_dots import dot_u8s8
 from quanta.backends.cpu.kernels.simd import F32, I8, I32, data_ptr, fma, splat, vec
 
 TOKENS = 8  # activation rows per register tile (8 int + 8 float accumulators of 16 lanes); padding unit of n

@@ -4,7 +4,7 @@ Every format is rewritten per *unit* of ``U`` weights (U = 32; 16 for Q6_K, whos
 ``w = s * u + c`` with unsigned 8-bit codes ``u``, a scale ``s`` and a constant ``c``:
 - Q4_0/Q5_0/Q8_0: ``s = d, c = -offset * d`` (offset 8 / 16 / 128; Q8_0's signed bytes xor 0x80 = q + 128);
 - Q4_1/Q5_1: ``s = d, c = m``; Q4_K/Q5_K: ``s = d * sc_j, c = -dmin * m_j``; Q6_K: ``s = d * sc, c = -32 s``.
-The unpackers are the fast-mode GEMV's (``legacy_dot_q8._codes``, the K-quant bit layouts of ``kquants.py``).
+The bit layouts are those of ``kquants.py`` and ``legacy_dot.py`` (tested against gguf-py through the GEMM).
 
 Tile layout (16 rows ``rr``, units ``j``, 4-byte groups ``g`` of a unit):
 ``codes[((j * U/4 + g) * 16 + rr) * 4 + 0..3]`` = codes ``4g..4g+3`` of unit j of row rr, so one 64-byte load is
@@ -19,11 +19,32 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quanta.backends.cpu.kernels.kquants_dot import _scale_min_k4
-from quanta.backends.cpu.kernels.legacy_dot_q8 import _OFFSETS, _codes
-from quanta.backends.cpu.kernels.simd import F32, I8, I32, const_vec, data_ptr, idx, load_f16, load_vec, nibble, vec
+from quanta.backends.cpu.kernels.legacy_dot_q8 import _OFFSETS
+from quanta.backends.cpu.kernels.simd import (
+    F32, I8, I32, const_vec, data_ptr, idx, load_f16, load_scalar, load_vec, nibble, splat, vec,
+)  # fmt: skip
 from quanta.quant.formats import FORMATS
 
 TILE_ROWS = 16
+
+
+def _codes(fmt_name: str, builder, bp, b):
+    """The 32 unsigned codes of the legacy block at byte ``b`` as <32 x i8> (Q8_0's bytes xor 0x80)."""
+    fmt = FORMATS[fmt_name]
+    qs = idx(builder, b, fmt.offset("qs"))
+    if fmt_name == "Q8_0":
+        return builder.xor(load_vec(builder, bp, qs, I8, 32), const_vec(I8, [0x80] * 32))
+    q = load_vec(builder, bp, qs, I8)
+    lo = builder.and_(q, const_vec(I8, [15] * 16))
+    hi = builder.lshr(q, const_vec(I8, [4] * 16))
+    if fmt_name in ("Q5_0", "Q5_1"):  # bit j of qh is bit 4 of weight j
+        qv = splat(builder, load_scalar(builder, bp, idx(builder, b, fmt.offset("qh")), I32))
+        one, four = const_vec(I8, [1] * 16), const_vec(I8, [4] * 16)
+        b_lo = builder.and_(builder.trunc(builder.lshr(qv, const_vec(I32, range(16))), vec(I8)), one)
+        b_hi = builder.and_(builder.trunc(builder.lshr(qv, const_vec(I32, range(16, 32))), vec(I8)), one)
+        lo = builder.or_(lo, builder.shl(b_lo, four))
+        hi = builder.or_(hi, builder.shl(b_hi, four))
+    return builder.shuffle_vector(lo, hi, ir.Constant(vec(I32, 32), list(range(32))))
 
 
 def _legacy_units(fmt_name: str):

@@ -109,7 +109,7 @@ def _make_rows_dot(name: str, unpack, fmt):
                            builder.fadd(builder.load(accs[2]), builder.load(accs[3])))
         return builder.fadd(hsum(builder, acc), builder.load(macc))
 
-    return rows_dot_intrinsic(name, row_body, fmt.block_size, fmt.type_size, 2)
+    return rows_dot_intrinsic(name, row_body, fmt.block_size, fmt.type_size)
 
 
 rows_dot_q4_k = _make_rows_dot("rows_dot_q4_k", q4_k_like_unpacker(False), _Q4)

@@ -88,7 +88,7 @@ def _make_rows_dot(fmt_name: str):
         total = hsum(builder, builder.fadd(builder.load(accs[0]), builder.load(accs[1])))
         return builder.fadd(total, builder.fadd(builder.load(maccs[0]), builder.load(maccs[1])))
 
-    return rows_dot_intrinsic(f"rows_dot_{fmt_name.lower()}", row_body, fmt.block_size, fmt.type_size, 2)
+    return rows_dot_intrinsic(f"rows_dot_{fmt_name.lower()}", row_body, fmt.block_size, fmt.type_size)
 
 
 rows_dot_q4_0 = _make_rows_dot("Q4_0")

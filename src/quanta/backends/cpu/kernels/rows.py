@@ -22,8 +22,9 @@ from quanta.backends.cpu.kernels.legacy_dot import (
     rows_dot_q4_0, rows_dot_q4_1, rows_dot_q5_0, rows_dot_q5_1, rows_dot_q8_0,
 )  # fmt: skip
 from quanta.backends.cpu.kernels.legacy_dot_q8 import (
-    rows_dot_q4_0_q8, rows_dot_q4_1_q8, rows_dot_q5_0_q8, rows_dot_q5_1_q8, rows_dot_q8_0_q8,
+    q8_0_offset, rows_dot_q4_0_q8, rows_dot_q4_1_q8, rows_dot_q5_0_q8, rows_dot_q5_1_q8, rows_dot_q8_0_q8,
 )  # fmt: skip
+from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
 
 FORMAT_CODES = {
     "Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4,
@@ -105,21 +106,41 @@ def rows_dot(fmt, raw2d, r0, r1, x, xsum, out, buf):
 
 
 @njit
-def rows_dot_q8(isa, fmt, raw2d, r0, r1, xq, xd, xsum, xqsum, out):
-    """The q8-activation row dots in the instruction set chosen by the type of ``isa`` (``isa.token``)."""
+def dot_offsets(isa, fmt):
+    """``(block_offset, lane_offset)`` of ``activations.gemv_activations`` for format ``fmt`` on ``isa``'s path:
+    the code offsets its row dots take from the integer dots' starting values."""
     if fmt == 0:
-        rows_dot_q4_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
-    elif fmt == 1:
-        rows_dot_q4_1_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
-    elif fmt == 2:
-        rows_dot_q5_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
-    elif fmt == 3:
-        rows_dot_q5_1_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
-    elif fmt == 4:
-        rows_dot_q8_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
-    elif fmt == 7:
-        rows_dot_q4_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
-    elif fmt == 8:
-        rows_dot_q5_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
-    else:
-        rows_dot_q6_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xqsum, out)
+        return 8, 0
+    if fmt == 2:
+        return 16, 0
+    if fmt == 4:
+        return q8_0_offset(isa), 0
+    if fmt == 9:
+        return 0, 32
+    return 0, 0
+
+
+@njit
+def rows_dot_q8(isa, fmt, raw2d, r0, r1, xq, xd, xsum, xstart, out):
+    """``out[t, r]`` for every activation row t and weight row r in [r0, r1), in the instruction set chosen by the
+    type of ``isa`` (``isa.token``): each pass over the weights serves up to ``ROWS_PER_PASS`` activation rows,
+    every row computed exactly as alone (``q8_rows.py``). Activations from ``activations.gemv_activations``."""
+    n = xq.shape[0]
+    for t0 in range(0, n, ROWS_PER_PASS):
+        g = min(ROWS_PER_PASS, n - t0)
+        if fmt == 0:
+            rows_dot_q4_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
+        elif fmt == 1:
+            rows_dot_q4_1_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
+        elif fmt == 2:
+            rows_dot_q5_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
+        elif fmt == 3:
+            rows_dot_q5_1_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
+        elif fmt == 4:
+            rows_dot_q8_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
+        elif fmt == 7:
+            rows_dot_q4_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
+        elif fmt == 8:
+            rows_dot_q5_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
+        else:
+            rows_dot_q6_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)

@@ -8,14 +8,11 @@ LLVM's lowering). These helpers keep that IR short.
 
 from __future__ import annotations
 
-from functools import partial
-
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from quanta.backends.cpu.kernels.isa import isa_of
 
 F32 = ir.FloatType()
 HALF = ir.HalfType()
@@ -104,43 +101,27 @@ def for_block_pairs(builder, nb, block) -> None:
         block(builder.sub(nb, ir.Constant(nb.type, 1)), 0)
 
 
-def rows_dot_intrinsic(name: str, row_body, block_size: int, type_size: int, n_acts: int, *, by_isa: bool = False):
-    """An intrinsic ``f(raw2d, r0, r1, *acts, out)`` doing ``out[r] = row_body(row r)`` for r in [r0, r1): the row
+def rows_dot_intrinsic(name: str, row_body, block_size: int, type_size: int):
+    """An intrinsic ``f(raw2d, r0, r1, x, xsum, out)`` doing ``out[r] = row_body(row r)`` for r in [r0, r1): the row
     loop lives in IR, so a GEMV chunk costs one call (no per-row numba views or dispatch).
 
-    ``acts`` are ``n_acts`` activation arrays, the first of length k (x or its q8 codes).
-    ``row_body(builder, bp, act_ptrs, nb32)`` emits one row's dot product from the row's byte pointer and returns
-    a float. With ``by_isa`` the intrinsic is ``f(isa, raw2d, ...)``, ``isa`` a token of ``isa.token``, and
-    ``row_body(isa_name, builder, ...)`` emits that instruction set's code.
+    ``row_body(builder, bp, (x, xsum), nb32)`` emits one row's dot product from the row's byte pointer and returns
+    a float.
     """
-    lead = 1 if by_isa else 0
-    if by_isa and n_acts == 4:
 
-        def typer(typingctx, isa, raw2d, r0, r1, a0, a1, a2, a3, out):
-            return types.none(isa, raw2d, r0, r1, a0, a1, a2, a3, out), codegen
-
-    elif not by_isa and n_acts == 2:
-
-        def typer(typingctx, raw2d, r0, r1, a0, a1, out):
-            return types.none(raw2d, r0, r1, a0, a1, out), codegen
-
-    else:
-        raise ValueError("rows_dot_intrinsic: 2 activation arrays (fp32) or 4 with an isa (q8)")
+    def typer(typingctx, raw2d, r0, r1, a0, a1, out):
+        return types.none(raw2d, r0, r1, a0, a1, out), codegen
 
     def codegen(context, builder, signature, args):
-        sig_args, args = signature.args[lead:], args[lead:]
-        base, *act_ptrs, op = (
-            data_ptr(context, builder, sig_args[j], args[j]) for j in (0, *range(3, 3 + n_acts), 3 + n_acts)
-        )
-        k = cgutils.unpack_tuple(builder, context.make_array(sig_args[3])(context, builder, args[3]).shape)[0]
+        base, *act_ptrs, op = (data_ptr(context, builder, signature.args[j], args[j]) for j in (0, 3, 4, 5))
+        k = cgutils.unpack_tuple(builder, context.make_array(signature.args[3])(context, builder, args[3]).shape)[0]
         nb32 = builder.sdiv(k, ir.Constant(k.type, 32))
         row_bytes = builder.mul(builder.sdiv(k, ir.Constant(k.type, block_size)), ir.Constant(k.type, type_size))
-        r0 = context.cast(builder, args[1], sig_args[1], types.intp)
-        r1 = context.cast(builder, args[2], sig_args[2], types.intp)
-        body = partial(row_body, isa_of(signature.args[0])) if by_isa else row_body
+        r0 = context.cast(builder, args[1], signature.args[1], types.intp)
+        r1 = context.cast(builder, args[2], signature.args[2], types.intp)
         with cgutils.for_range_slice(builder, r0, r1, ir.Constant(r0.type, 1)) as (r, _):
             bp = builder.gep(base, [builder.mul(r, row_bytes)])
-            builder.store(body(builder, bp, act_ptrs, nb32), builder.gep(op, [r]))
+            builder.store(row_body(builder, bp, act_ptrs, nb32), builder.gep(op, [r]))
         return context.get_dummy_value()
 
     typer.__name__ = name

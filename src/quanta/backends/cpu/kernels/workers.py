@@ -23,12 +23,13 @@ import weakref
 import numpy as np
 from numba import njit
 
-from quanta.backends.cpu.kernels.activations import quantize_q8_32
+from quanta.backends.cpu.kernels.activations import gemv_activations
 from quanta.backends.cpu.kernels.atomics import (
-    atomic_add, atomic_load, atomic_store, compare_exchange, cycles, f32_array_1d, f32_array_2d, futex_wait,
-    futex_wake, i8_array_2d, i32_array_2d, spin_pause, u8_array_2d, yield_cpu,
+    atomic_add, atomic_load, atomic_store, compare_exchange, cycles, f32_array_1d, f32_array_2d, f32_array_3d, futex_wait,
+    futex_wake, i8_array_2d, i32_array_4d, spin_pause, u8_array_2d, yield_cpu,
 )  # fmt: skip
-from quanta.backends.cpu.kernels.rows import rows_dot, rows_dot_q8
+from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
+from quanta.backends.cpu.kernels.rows import dot_offsets, rows_dot, rows_dot_q8
 
 SEQ, CLAIM, DONE, SLEEPERS, QUIT, CALLER_CHUNKS, ALL_CHUNKS, JOBS = (8 * i for i in range(8))
 WINDOW = 128  # jobs between two looks at how the work was shared (a decode step has ~100-250)
@@ -37,8 +38,9 @@ CLAIM_BITS = 20  # chunks per job < 2**20
 SPIN_CYCLES = 300_000  # an idle worker polls ~100 us (TSC at 2-4 GHz) before it sleeps
 GEMV_Q8, GEMV_F32 = 1, 2
 # job descriptor: kind, format code, chunks, then the weight (address, rows, bytes per row), the activations
-# (rows, k, then the addresses of x or its q8 codes, scales, sums, integer sums), the output and Q2_K/Q3_K scratch
-KIND, FMT, CHUNKS, W, M, ROW_BYTES, N, K, X, XD, XSUM, XQSUM, OUT, BUF = range(14)
+# (rows, k, then the addresses of x or its q8 codes, scales, sums, dot starting values; the q8 statistics'
+# groups of rows), the output and Q2_K/Q3_K scratch
+KIND, FMT, CHUNKS, W, M, ROW_BYTES, N, K, X, XD, XSUM, XSTART, GROUPS, OUT, BUF = range(15)
 
 
 @njit(nogil=True)
@@ -48,14 +50,14 @@ def _run_chunk(job, c, tid, isa):
     r0, r1 = c * m // job[CHUNKS], (c + 1) * m // job[CHUNKS]
     raw2d = u8_array_2d(job[W], (m, job[ROW_BYTES]))
     out = f32_array_2d(job[OUT], (n, m))
-    xsum = f32_array_2d(job[XSUM], (n, k // 32))
-    if job[KIND] == GEMV_Q8:
+    if job[KIND] == GEMV_Q8:  # k: the length of a row of codes, 64 per pair of blocks (q8_rows.py)
         xq = i8_array_2d(job[X], (n, k))
-        xd = f32_array_2d(job[XD], (n, k // 32))
-        xqsum = i32_array_2d(job[XQSUM], (n, k // 32))
-        for t in range(n):
-            rows_dot_q8(isa, job[FMT], raw2d, r0, r1, xq[t], xd[t], xsum[t], xqsum[t], out[t])
+        xd = f32_array_3d(job[XD], (job[GROUPS], k // 64, 2 * ROWS_PER_PASS))
+        xsum = f32_array_3d(job[XSUM], (job[GROUPS], k // 64, 2 * ROWS_PER_PASS))
+        xstart = i32_array_4d(job[XSTART], (n, k // 64, 2, 8))
+        rows_dot_q8(isa, job[FMT], raw2d, r0, r1, xq, xd, xsum, xstart, out)
     else:
+        xsum = f32_array_2d(job[XSUM], (n, k // 32))
         x = f32_array_2d(job[X], (n, k))
         buf = f32_array_1d(job[BUF] + 4 * k * tid, k)
         for t in range(n):
@@ -124,21 +126,23 @@ def worker_loop(ctl, job, tid, spin_cycles, isa):
 
 
 @njit(nogil=True)
-def _describe(job, kind, fmt, chunks, raw2d, x, out, xd, xsum, xqsum, buf):
+def _describe(job, kind, fmt, chunks, raw2d, x, out, xd, xsum, xstart, groups, buf):
     m, row_bytes = raw2d.shape
     n, k = x.shape
     job[KIND], job[FMT], job[CHUNKS], job[W], job[M], job[ROW_BYTES] = kind, fmt, chunks, raw2d.ctypes.data, m, row_bytes
     job[N], job[K], job[X], job[OUT] = n, k, x.ctypes.data, out.ctypes.data
-    job[XD], job[XSUM], job[XQSUM], job[BUF] = xd.ctypes.data, xsum.ctypes.data, xqsum.ctypes.data, buf.ctypes.data
+    job[XD], job[XSUM], job[XSTART], job[GROUPS] = xd.ctypes.data, xsum.ctypes.data, xstart.ctypes.data, groups
+    job[BUF] = buf.ctypes.data
 
 
 @njit(nogil=True, cache=True)
-def gemv_q8(isa, ctl, job, fmt, raw2d, x, out, chunks, xq, xd, xsum, xqsum):
-    """Fast-mode GEMV ``out = q8(x) @ W.T``: activations quantized on the caller (``xq``..``xqsum`` its scratch),
-    then the row chunks shared with the workers. All arrays C-contiguous; the kernel allocates nothing. Returns
-    ``_run_job``'s flag."""
-    quantize_q8_32(x, xq, xd, xsum, xqsum)
-    _describe(job, GEMV_Q8, fmt, chunks, raw2d, xq, out, xd, xsum, xqsum, xqsum)
+def gemv_q8(isa, ctl, job, fmt, raw2d, x, out, chunks, xq, xd, xsum, xstart):
+    """Fast-mode GEMV ``out = q8(x) @ W.T``: activations quantized on the caller into its scratch (layout in
+    ``q8_rows.py``), then the row chunks shared with the workers. All arrays C-contiguous; the kernel allocates
+    nothing. Returns ``_run_job``'s flag."""
+    block_offset, lane_offset = dot_offsets(isa, fmt)
+    gemv_activations(x, xq, xd, xsum, xstart, block_offset, lane_offset)
+    _describe(job, GEMV_Q8, fmt, chunks, raw2d, xq, out, xd, xsum, xstart, xd.shape[0], xstart)
     return _run_job(ctl, job, isa)
 
 
@@ -152,7 +156,7 @@ def gemv(isa, ctl, job, fmt, raw2d, x, out, chunks, xsum, buf):
             for j in range(32 * i, 32 * i + 32):
                 s += x[t, j]
             xsum[t, i] = s
-    _describe(job, GEMV_F32, fmt, chunks, raw2d, x, out, xsum, xsum, xsum, buf)
+    _describe(job, GEMV_F32, fmt, chunks, raw2d, x, out, xsum, xsum, xsum, 0, buf)
     return _run_job(ctl, job, isa)
 
 

@@ -1,0 +1,160 @@
+"""The frame of the fast-mode row dots: one pass over weight rows for a group of q8 activation rows.
+
+A decode batch (or a speculative verify step) multiplies the same weights with a few activation rows. A pass
+unpacks each weight block once and meets it with every row of its group (register blocking: each row keeps its
+own accumulators), and the arithmetic of a row is the same whatever the group: a row's result is bit for bit
+the one it gets alone (tests/backends/cpu/test_q8_rows.py).
+
+Blocks go in pairs (2p, 2p+1) so that one <8 x i32> integer dot holds both: its lanes 0-3 are block 2p's, 4-7
+block 2p+1's, each lane summing 4 weights of the first half of its block (vector ``a``) and 4 of the second
+(vector ``b``), so that one conversion and one FMA per row serve two blocks. Activation layout
+(``activations.gemv_activations``):
+- ``xq`` (n, 64 * pairs) int8: per pair ``x[2p][0:16], x[2p+1][0:16], x[2p][16:32], x[2p+1][16:32]`` (an odd
+  last block is paired with zeros);
+- ``xd``, ``xsum`` (groups, pairs, 8) float32: per group of 4 rows (``ROWS_PER_PASS``) and pair, the scale
+  (and ``scale * sum(codes)``) of block 2p of the 4 rows, then of block 2p+1 (one load per pair for a whole
+  pass); the padding is zero;
+- ``xstart`` (n, pairs, 2, 8) int32: the integer dots' starting values (the code offsets of the weights).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from quanta.backends.cpu.kernels.isa import isa_of
+from quanta.backends.cpu.kernels.simd import F32, I8, I32, data_ptr, load_vec, vec
+
+GROUPS = (1, 2, 4)  # activation rows per pass: compiled variants (3 rows run as 4, the last one repeated)
+ROWS_PER_PASS = max(GROUPS)
+
+
+class ActRows:
+    """A pass's activation rows as a row body sees them (layout in the module docstring)."""
+
+    def __init__(self, builder, codes, starts, xd, xsum):
+        self.builder, self._codes, self._starts, self._xd, self._xsum = builder, codes, starts, xd, xsum
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+    def codes(self, t: int, p):
+        """Row ``t``'s activation vectors (a, b) of block pair ``p``, <32 x i8> each."""
+        off = self.builder.mul(p, ir.Constant(p.type, 64))
+        return tuple(load_vec(self.builder, self._codes[t], self.builder.add(off, ir.Constant(p.type, h)), I8, 32)
+                     for h in (0, 32))
+
+    def start(self, t: int, p, half: int):
+        """Row ``t``'s <8 x i32> starting value of pair ``p``'s dot (``half`` 0: a + b, or a alone; 1: b)."""
+        off = self.builder.add(self.builder.mul(p, ir.Constant(p.type, 16)), ir.Constant(p.type, 8 * half))
+        return load_vec(self.builder, self._starts[t], off, I32, 8)
+
+    def scales(self, p):
+        """<2 * rows x float>: the activation scale of block 2p of each row, then of block 2p+1."""
+        return self._pair(self._xd, p)
+
+    def sums(self, p):
+        """<2 * rows x float>: ``scale * sum(codes)`` of block 2p of each row, then of block 2p+1."""
+        return self._pair(self._xsum, p)
+
+    def _pair(self, base, p):
+        b, n = self.builder, len(self)
+        v = load_vec(b, base, b.mul(p, ir.Constant(p.type, 2 * ROWS_PER_PASS)), F32, 2 * ROWS_PER_PASS)
+        if n == ROWS_PER_PASS:
+            return v
+        return b.shuffle_vector(v, v, ir.Constant(vec(I32, 2 * n), [*range(n), *range(ROWS_PER_PASS, ROWS_PER_PASS + n)]))
+
+
+def pair_splat(builder, first, second, rows: int):
+    """<2 * rows x float>: ``first`` in the lanes of block 2p of each row, ``second`` in those of block 2p+1."""
+    v = builder.insert_element(ir.Constant(vec(F32, 2), ir.Undefined), first, ir.Constant(I32, 0))
+    v = builder.insert_element(v, second, ir.Constant(I32, 1))
+    return builder.shuffle_vector(v, v, ir.Constant(vec(I32, 2 * rows), [0] * rows + [1] * rows))
+
+
+def row_lanes(builder, v, t: int, rows: int):
+    """<8 x float> of row ``t`` from a ``<2 * rows>`` pair vector: block 2p's value in lanes 0-3, 2p+1's in 4-7."""
+    return builder.shuffle_vector(v, v, ir.Constant(vec(I32, 8), [t] * 4 + [rows + t] * 4))
+
+
+def row_sum(builder, v, t: int, rows: int):
+    """Row ``t``'s two lanes of a ``<2 * rows>`` pair vector, added."""
+    first, second = (builder.extract_element(v, ir.Constant(I32, j)) for j in (t, rows + t))
+    return builder.fadd(first, second)
+
+
+def for_pairs(builder, nb, pair) -> None:
+    """``pair(p, slot, single)`` for the block pairs of ``nb`` blocks, two per iteration into accumulator slots 0
+    and 1 (two dependency chains), then a last full pair into slot 0 and an odd last block (``single``) into 1."""
+    two = ir.Constant(nb.type, 2)
+    pairs = builder.sdiv(nb, two)
+    twice = builder.sdiv(pairs, two)
+    with cgutils.for_range(builder, twice) as loop:
+        p0 = builder.mul(loop.index, two)
+        pair(p0, 0, False)
+        pair(builder.add(p0, ir.Constant(nb.type, 1)), 1, False)
+    with builder.if_then(builder.icmp_signed("!=", builder.mul(twice, two), pairs)):
+        pair(builder.sub(pairs, ir.Constant(nb.type, 1)), 0, False)
+    with builder.if_then(builder.icmp_signed("!=", builder.mul(pairs, two), nb)):
+        pair(pairs, 1, True)
+
+
+def rows_dot_q8_intrinsic(name: str, row_body, block_size: int, type_size: int):
+    """An intrinsic ``f(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)`` doing ``out[t, r] = dot(weight row
+    r, activation row t)`` for r in [r0, r1) and the ``g <= ROWS_PER_PASS`` rows t = t0..t0+g-1, in the
+    instruction set of ``isa``'s type (``isa.token``).
+
+    ``row_body(isa_name, builder, bp, rows, nb32)`` emits one weight row (bytes at ``bp``, ``nb32`` blocks of 32)
+    against ``rows`` (an ``ActRows``) and returns one float per row; each row's arithmetic must not depend on the
+    others'. ``t0`` is a multiple of ``ROWS_PER_PASS``; a group of 3 runs as 4 (repeating row 3's codes, with the
+    fourth row's zero statistics), whose last result is not stored.
+    """
+
+    def typer(typingctx, isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g):
+        return types.none(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g), codegen
+
+    def codegen(context, builder, signature, args):
+        sig_args, isa = signature.args, isa_of(signature.args[0])
+        base, qp, dp, sp, xsp, op = (data_ptr(context, builder, sig_args[j], args[j]) for j in (1, 4, 5, 6, 7, 8))
+        row_bytes, row_codes, pairs, m = (cgutils.unpack_tuple(
+            builder, context.make_array(sig_args[j])(context, builder, args[j]).shape)[1] for j in (1, 4, 7, 8))
+
+        def c(v: int):
+            return ir.Constant(m.type, v)
+        nb32 = builder.sdiv(builder.mul(builder.sdiv(row_bytes, c(type_size)), c(block_size)), c(32))
+        r0, r1, t0, g = (context.cast(builder, args[j], sig_args[j], types.intp) for j in (2, 3, 9, 10))
+
+        def emit(rows: int, fewest: int) -> None:  # the pass for groups of fewest..rows rows
+            ts = [builder.add(t0, builder.select(builder.icmp_signed("<", c(t), g), c(t), builder.sub(g, c(1))))
+                  for t in range(rows)]
+            acts = ActRows(builder, [builder.gep(qp, [builder.mul(t, row_codes)]) for t in ts],
+                           [builder.gep(xsp, [builder.mul(t, builder.mul(pairs, c(16)))]) for t in ts],
+                           *(builder.gep(ptr, [builder.mul(t0, builder.mul(pairs, c(2)))]) for ptr in (dp, sp)))
+            with cgutils.for_range_slice(builder, r0, r1, c(1)) as (r, _):
+                bp = builder.gep(base, [builder.mul(r, row_bytes)])
+                for t, value in enumerate(row_body(isa, builder, bp, acts, nb32)):
+                    dst = builder.gep(op, [builder.add(builder.mul(ts[t], m), r)])
+                    if t < fewest:
+                        builder.store(value, dst)
+                    else:
+                        with builder.if_then(builder.icmp_signed("<", c(t), g)):
+                            builder.store(value, dst)
+
+        def dispatch(i: int) -> None:
+            rows, fewest = GROUPS[i], (GROUPS[i - 1] + 1 if i else 1)
+            if i == len(GROUPS) - 1:
+                emit(rows, fewest)
+                return
+            with builder.if_else(builder.icmp_signed("<=", g, c(rows))) as (then, otherwise):
+                with then:
+                    emit(rows, fewest)
+                with otherwise:
+                    dispatch(i + 1)
+
+        dispatch(0)
+        return context.get_dummy_value()
+
+    typer.__name__ = name
+    return intrinsic(typer)

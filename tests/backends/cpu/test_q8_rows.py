@@ -1,0 +1,76 @@
+"""The fast GEMV over several activation rows (a decode batch, a speculative verify step): every row of a
+multi-row call equals that row multiplied alone, bit for bit, and ``q8(x) @ W.T`` (gguf-py's dequantize, numpy
+float64) up to fp32 rounding, on every int8 path of this CPU."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from quanta.backends.cpu.kernels.isa import host_isas
+from quanta.backends.cpu.qmatmul import GEMM_MIN_ROWS, Q8_ACTIVATION_TYPES, CPUThreads, prepare_weight, qmatmul
+from quanta.gguf.reader import TensorInfo
+from quanta.quant.formats import FORMATS
+
+ON_ISA = {isa: (CPUThreads(1, isa=isa), CPUThreads(2, isa=isa)) for isa in host_isas()}
+pytestmark = pytest.mark.skipif(not ON_ISA, reason="the int8 kernels need AVX2")
+DECODE_ROWS = range(1, GEMM_MIN_ROWS)  # the row counts that take the GEMV
+
+
+def random_tensor(type_name: str, m: int, k: int, seed: int) -> TensorInfo:
+    """Random blocks: random bytes for the codes, random finite f16 scales."""
+    rng = np.random.default_rng(seed)
+    fmt = FORMATS[type_name]
+    raw = rng.integers(0, 256, m * k // fmt.block_size * fmt.type_size, dtype=np.uint8)
+    blocks = raw.view(fmt.block_dtype)
+    for f in fmt.fields:
+        if f.dtype == "<f2":
+            blocks[f.name] = rng.uniform(-1, 1, blocks[f.name].shape).astype(np.float16)
+    return TensorInfo("random", type_name, (m, k), 0, raw.nbytes, raw)
+
+
+def q8_reference(x: np.ndarray, t: TensorInfo) -> np.ndarray:
+    """``q8(x) @ W.T`` in float64: llama.cpp's q8_0 rounding of x (per 32: d = max|x|/127, round(x/d))."""
+    w = gguf.quants.dequantize(t.raw.reshape(t.shape[0], -1), gguf.GGMLQuantizationType[t.type]).astype(np.float64)
+    blocks = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    return (np.rint(blocks * inv) * d).reshape(x.shape).astype(np.float64) @ w.T
+
+
+def k_for(type_name: str) -> list[int]:
+    """Row lengths: for the 32-weight formats an odd block count (a block without a partner) and an even one."""
+    return [512, 1024] if FORMATS[type_name].block_size == 256 else [160, 256]
+
+
+@pytest.mark.parametrize("isa", list(ON_ISA))
+@pytest.mark.parametrize("type_name", Q8_ACTIVATION_TYPES)
+def test_rows_equal_the_row_alone_and_the_q8_reference(type_name, isa):
+    rng = np.random.default_rng(1)
+    for k in k_for(type_name):
+        t = random_tensor(type_name, 45, k, seed=k)
+        w = prepare_weight(t)
+        x = rng.standard_normal((max(DECODE_ROWS), k)).astype(np.float32)
+        x[1, 32:64] = 0  # an all-zero activation block (scale 0)
+        x[2] *= 40  # a row of another magnitude
+        ref = q8_reference(x, t)
+        for threads in ON_ISA[isa]:
+            alone = np.stack([qmatmul(x[i : i + 1], w, threads)[0] for i in range(x.shape[0])])
+            assert np.abs(alone - ref).max() / np.abs(ref).max() < 1e-5
+            for n in DECODE_ROWS:
+                np.testing.assert_array_equal(qmatmul(x[:n], w, threads), alone[:n], err_msg=f"k={k} n={n}")
+
+
+@pytest.mark.parametrize("isa", list(ON_ISA))
+def test_formats_sharing_a_shape_share_no_stale_activations(isa):
+    """The activation scratch is reused per shape: a format with code offsets after one without, and Q6_K's
+    per-lane offsets between them, each still gives the reference."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    threads = ON_ISA[isa][0]
+    for i, type_name in enumerate(["Q4_1", "Q4_0", "Q6_K", "Q8_0", "Q4_K", "Q5_0"]):
+        t = random_tensor(type_name, 20, 512, seed=i)
+        ref = q8_reference(x, t)
+        y = qmatmul(x, prepare_weight(t), threads)
+        assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-5, type_name
