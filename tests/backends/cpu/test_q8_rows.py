@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from quanta.backends.cpu.kernels.isa import host_isas
-from quanta.backends.cpu.qmatmul import GEMM_MIN_ROWS, Q8_ACTIVATION_TYPES, CPUThreads, prepare_weight, qmatmul
+from quanta.backends.cpu.qmatmul import (
+    Q8_ACTIVATION_TYPES, CPUThreads, prepare_weight, q8_gemm_min_rows, qmatmul,
+)  # fmt: skip
 from quanta.gguf.reader import TensorInfo
 from quanta.quant.formats import FORMATS
 
 ON_ISA = {isa: (CPUThreads(1, isa=isa), CPUThreads(2, isa=isa)) for isa in host_isas()}
 pytestmark = pytest.mark.skipif(not ON_ISA, reason="the int8 kernels need AVX2")
-DECODE_ROWS = range(1, GEMM_MIN_ROWS)  # the row counts that take the GEMV
 
 
 def random_tensor(type_name: str, m: int, k: int, seed: int) -> TensorInfo:
@@ -48,17 +49,19 @@ def k_for(type_name: str) -> list[int]:
 @pytest.mark.parametrize("type_name", Q8_ACTIVATION_TYPES)
 def test_rows_equal_the_row_alone_and_the_q8_reference(type_name, isa):
     rng = np.random.default_rng(1)
+    gemv_rows = range(1, q8_gemm_min_rows(isa, type_name))  # the row counts that take the GEMV
+    assert len(gemv_rows) >= 8  # a decode batch of 8 sequences
     for k in k_for(type_name):
         t = random_tensor(type_name, 45, k, seed=k)
         w = prepare_weight(t)
-        x = rng.standard_normal((max(DECODE_ROWS), k)).astype(np.float32)
+        x = rng.standard_normal((max(gemv_rows), k)).astype(np.float32)
         x[1, 32:64] = 0  # an all-zero activation block (scale 0)
         x[2] *= 40  # a row of another magnitude
         ref = q8_reference(x, t)
         for threads in ON_ISA[isa]:
             alone = np.stack([qmatmul(x[i : i + 1], w, threads)[0] for i in range(x.shape[0])])
             assert np.abs(alone - ref).max() / np.abs(ref).max() < 1e-5
-            for n in DECODE_ROWS:
+            for n in gemv_rows:
                 np.testing.assert_array_equal(qmatmul(x[:n], w, threads), alone[:n], err_msg=f"k={k} n={n}")
 
 

@@ -11,8 +11,8 @@ import threading
 
 from quanta.backends.cpu.kernels.isa import ISAS, UnsupportedISAError, host_isas, resolve_isa
 from quanta.backends.cpu.qmatmul import (
-    GEMM_MIN_ROWS, Q8_ACTIVATION_TYPES, SPLIT_MIN_ROWS, TILE_BYTES, CPUThreads, prepare_weight, qembed,
-    qmatmul as _qmatmul,
+    GEMM_MIN_ROWS, Q8_ACTIVATION_TYPES, SPLIT_MIN_ROWS, TILE_BYTES, CPUThreads, prepare_weight, q8_gemm_min_rows,
+    qembed, qmatmul as _qmatmul,
 )  # fmt: skip
 from quanta.gguf.reader import TensorInfo
 from quanta.quant.formats import FORMATS, UnsupportedTypeError
@@ -97,7 +97,7 @@ def test_qmatmul_matches_gguf_dequantize(type_name):
             fast = qmatmul(x, w)
             assert_fast_close(fast, ref, (m, k, n))
             # GEMV: exactly q8(x) @ W.T (minimums meet the quantized activations' sums, as llama.cpp's q8_1)
-            if type_name in Q8_ACTIVATION_TYPES and n < GEMM_MIN_ROWS:
+            if type_name in Q8_ACTIVATION_TYPES and n < q8_gemm_min_rows(THREADS.isa, type_name):
                 assert rel_err(fast, q8_round_trip(x) @ ref_w.T) < 1e-4, (m, k, n)
 
 
@@ -151,11 +151,11 @@ def test_int8_gemm_matches_q8_reference(type_name, isa):
     t = random_tensor(type_name, m, k, seed=7)
     w, ref_w = prepare_weight(t), oracle(t)
     rng = np.random.default_rng(8)
-    for n in (1, 3, GEMM_MIN_ROWS, 33, 75):  # the GEMV, and token counts around the GEMM's register tiles
+    for n in (1, 3, 8, 21, 33, 75):  # the GEMV, and token counts around the GEMM's register tiles
         x = rng.standard_normal((n, k)).astype(np.float32)
         x[0, :32] = 0  # an all-zero activation block (scale 0)
         y = qmatmul(x, w, ON_ISA[isa])
-        if isa == "avx2" and type_name == "Q8_0" and n >= GEMM_MIN_ROWS:  # its GEMM is the fp32 one (qmatmul)
+        if isa == "avx2" and type_name == "Q8_0" and n >= q8_gemm_min_rows(isa, type_name):  # the fp32 GEMM
             assert rel_err(y, x.astype(np.float64) @ ref_w.T) < EXACT_TOL
             continue
         q8_ref = q8_round_trip(x) @ ref_w.T
@@ -251,13 +251,13 @@ def test_real_tensors(model, names, request):
         t = first_rows(f.tensors[name], 1024)
         ref_w = oracle(t)
         w = prepare_weight(t)
-        for n in (1, 9):
+        for n in (1, 21):
             x = rng.standard_normal((n, t.shape[1])).astype(np.float32)
             ref = x.astype(np.float64) @ ref_w.T
             assert rel_err(qmatmul(x, w, exact=True), ref) < EXACT_TOL, (name, n)
             fast = qmatmul(x, w)
             assert_fast_close(fast, ref, (name, n))
-            if n >= GEMM_MIN_ROWS:  # the int8 GEMM does the GEMV's arithmetic
+            if n > 1:  # the int8 GEMM (the GEMV below its crossover) does the GEMV's arithmetic
                 gemv = np.stack([qmatmul(x[i : i + 1], w)[0] for i in range(n)])
                 assert rel_err(fast, gemv) < 1e-5, (name, n)
         np.testing.assert_array_equal(qembed(w, [0, 5]), ref_w[[0, 5]].astype(np.float32))

@@ -32,7 +32,9 @@ from quanta.quant.formats import get_format
 load_without_refresh(_workers)
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
-GEMM_MIN_ROWS = 8  # from this many activation rows on, dequantize tiles + sgemm beats the GEMV kernels
+GEMM_MIN_ROWS = 8  # from this many activation rows on, dequantize tiles + sgemm beats the fp32 GEMV kernels
+Q8_GEMM_MIN_ROWS = 10  # fast mode: the int8 GEMM from this many rows on (~10 with AVX-512, ~12 with AVX2)
+Q6_K_GEMM_MIN_ROWS = 20  # its GEMM is slower (16-weight units)
 TILE_BYTES = 4 << 20  # fp32 scratch per weight tile (fits L2+L3 alongside the activations)
 # Types whose fast-mode kernels quantize activations to q8 (integer dots) where the CPU has an int8 path
 # (kernels/isa.py); the others stay fp32 in both modes.
@@ -163,8 +165,8 @@ def _q8_block_stats(n: int, k: int) -> tuple[np.ndarray, ...]:
 
 def _q8_buffers(n: int, k: int) -> tuple[np.ndarray, ...]:
     """The GEMV's q8 activations (layout in ``kernels/q8_rows.py``: codes, block scales and sums, dot starting
-    values; the padding stays zero), reused per thread and shape (a decode step quantizes ~200 activations:
-    allocating them each time costs 2% of decode)."""
+    values), reused per thread and shape (a decode step quantizes ~200 activations: allocating them each time
+    costs 2% of decode)."""
     per_thread = getattr(_scratch, "q8", None)
     if per_thread is None:
         per_thread = _scratch.q8 = {}
@@ -239,6 +241,15 @@ def _has_int8_gemm(isa: str | None, type_name: str) -> bool:
     return isa is not None and not (isa == "avx2" and type_name == "Q8_0")
 
 
+def q8_gemm_min_rows(isa: str | None, type_name: str) -> int:
+    """Fast mode: the activation rows from which a GEMM beats the multi-row q8 GEMV (1 thread, docs/PERF.md).
+    Below it a row's result is bit for bit the same whatever rows are multiplied with it (a decode batch of up to
+    8 sequences: its logits do not depend on the batch); the GEMMs sum in another order."""
+    if not _has_int8_gemm(isa, type_name):
+        return 48  # the fp32 GEMM
+    return Q6_K_GEMM_MIN_ROWS if type_name == "Q6_K" else Q8_GEMM_MIN_ROWS
+
+
 def _is_f32_c(a: np.ndarray) -> bool:
     return a.dtype == np.float32 and a.flags.c_contiguous
 
@@ -260,19 +271,20 @@ def qmatmul(x: np.ndarray, w: QWeight, threads: CPUThreads, *, exact: bool = Fal
         out = np.empty((n, m), np.float32)
     elif out.shape != (n, m):
         raise ValueError(f"qmatmul: out has shape {out.shape}, expected {(n, m)}")
+    q8 = not exact and w.type in threads.q8_types
     if w.fmt < 0:
         _float_gemm(x, w, out, threads)
-    elif (n >= GEMM_MIN_ROWS and not exact and w.type in threads.q8_types and _is_f32_c(out)
-          and _has_int8_gemm(threads.isa, w.type)):
-        _gemm_int8(x, w, out, threads)
-    elif n >= GEMM_MIN_ROWS:
-        _gemm(x, w, out, threads)
+    elif n >= (q8_gemm_min_rows(threads.isa, w.type) if q8 else GEMM_MIN_ROWS):
+        if q8 and _is_f32_c(out) and _has_int8_gemm(threads.isa, w.type):
+            _gemm_int8(x, w, out, threads)
+        else:
+            _gemm(x, w, out, threads)
     else:  # the GEMV kernels are compiled for C-contiguous float32 outputs only
         target = out if _is_f32_c(out) else np.empty((n, m), np.float32)
         pool, chunks = threads.workers, min(m, threads.chunks)
         isa = threads.token
         with threads.gemv_lock:
-            if not exact and w.type in threads.q8_types:
+            if q8:
                 window = _workers.gemv_q8(isa, pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks,
                                           *_q8_buffers(n, k))
             else:

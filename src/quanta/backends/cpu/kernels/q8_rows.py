@@ -13,7 +13,7 @@ block 2p+1's, each lane summing 4 weights of the first half of its block (vector
   last block is paired with zeros);
 - ``xd``, ``xsum`` (groups, pairs, 8) float32: per group of 4 rows (``ROWS_PER_PASS``) and pair, the scale
   (and ``scale * sum(codes)``) of block 2p of the 4 rows, then of block 2p+1 (one load per pair for a whole
-  pass); the padding is zero;
+  pass);
 - ``xstart`` (n, pairs, 2, 8) int32: the integer dots' starting values (the code offsets of the weights).
 """
 
@@ -27,8 +27,7 @@ from numba.extending import intrinsic
 from quanta.backends.cpu.kernels.isa import isa_of
 from quanta.backends.cpu.kernels.simd import F32, I8, I32, data_ptr, load_vec, vec
 
-GROUPS = (1, 2, 4)  # activation rows per pass: compiled variants (3 rows run as 4, the last one repeated)
-ROWS_PER_PASS = max(GROUPS)
+ROWS_PER_PASS = 4  # activation rows per pass at most (a variant of the pass is compiled for each count)
 
 
 class ActRows:
@@ -108,8 +107,7 @@ def rows_dot_q8_intrinsic(name: str, row_body, block_size: int, type_size: int):
 
     ``row_body(isa_name, builder, bp, rows, nb32)`` emits one weight row (bytes at ``bp``, ``nb32`` blocks of 32)
     against ``rows`` (an ``ActRows``) and returns one float per row; each row's arithmetic must not depend on the
-    others'. ``t0`` is a multiple of ``ROWS_PER_PASS``; a group of 3 runs as 4 (repeating row 3's codes, with the
-    fourth row's zero statistics), whose last result is not stored.
+    others'. ``t0`` is a multiple of ``ROWS_PER_PASS``.
     """
 
     def typer(typingctx, isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g):
@@ -123,37 +121,31 @@ def rows_dot_q8_intrinsic(name: str, row_body, block_size: int, type_size: int):
 
         def c(v: int):
             return ir.Constant(m.type, v)
+
         nb32 = builder.sdiv(builder.mul(builder.sdiv(row_bytes, c(type_size)), c(block_size)), c(32))
         r0, r1, t0, g = (context.cast(builder, args[j], sig_args[j], types.intp) for j in (2, 3, 9, 10))
 
-        def emit(rows: int, fewest: int) -> None:  # the pass for groups of fewest..rows rows
-            ts = [builder.add(t0, builder.select(builder.icmp_signed("<", c(t), g), c(t), builder.sub(g, c(1))))
-                  for t in range(rows)]
+        def emit(rows: int) -> None:  # the pass for groups of ``rows`` rows
+            ts = [builder.add(t0, c(t)) for t in range(rows)]
             acts = ActRows(builder, [builder.gep(qp, [builder.mul(t, row_codes)]) for t in ts],
                            [builder.gep(xsp, [builder.mul(t, builder.mul(pairs, c(16)))]) for t in ts],
                            *(builder.gep(ptr, [builder.mul(t0, builder.mul(pairs, c(2)))]) for ptr in (dp, sp)))
             with cgutils.for_range_slice(builder, r0, r1, c(1)) as (r, _):
                 bp = builder.gep(base, [builder.mul(r, row_bytes)])
                 for t, value in enumerate(row_body(isa, builder, bp, acts, nb32)):
-                    dst = builder.gep(op, [builder.add(builder.mul(ts[t], m), r)])
-                    if t < fewest:
-                        builder.store(value, dst)
-                    else:
-                        with builder.if_then(builder.icmp_signed("<", c(t), g)):
-                            builder.store(value, dst)
+                    builder.store(value, builder.gep(op, [builder.add(builder.mul(ts[t], m), r)]))
 
-        def dispatch(i: int) -> None:
-            rows, fewest = GROUPS[i], (GROUPS[i - 1] + 1 if i else 1)
-            if i == len(GROUPS) - 1:
-                emit(rows, fewest)
+        def dispatch(rows: int) -> None:
+            if rows == ROWS_PER_PASS:
+                emit(rows)
                 return
-            with builder.if_else(builder.icmp_signed("<=", g, c(rows))) as (then, otherwise):
+            with builder.if_else(builder.icmp_signed("==", g, c(rows))) as (then, otherwise):
                 with then:
-                    emit(rows, fewest)
+                    emit(rows)
                 with otherwise:
-                    dispatch(i + 1)
+                    dispatch(rows + 1)
 
-        dispatch(0)
+        dispatch(1)
         return context.get_dummy_value()
 
     typer.__name__ = name
