@@ -178,3 +178,13 @@ def test_prefill_memory_grows_linearly_with_the_prompt(tmp_path):
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     assert peaks[1] < 6 * peaks[0], peaks  # 4x the prompt: quadratic scratch would be 16x
+
+
+def test_a_request_that_ends_at_its_first_token_leaves_its_prompt_cached(exact):
+    """Blocks join the prefix cache when a step completes; a request finished by that very step still adds its
+    prompt's full blocks before it frees them."""
+    prompt = exact.tokenize("The quick brown fox jumps over the lazy dog. " * 5)
+    exact.engine.reset_prefix_cache()
+    first = exact.generate(prompt, max_tokens=1, temperature=0)
+    again = exact.generate(prompt + [13], max_tokens=1, temperature=0)
+    assert first.stats.cached_tokens == 0 and again.stats.cached_tokens == len(prompt) // 16 * 16

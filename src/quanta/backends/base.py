@@ -146,11 +146,24 @@ class Backend(ABC):
         The forward takes its intermediates from here, so the decode path allocates nothing once warm; a
         buffer is valid until the next call with the same name."""
 
-    def capture(self, forward: Callable[[], Array]) -> Callable[[], Array] | None:
-        """``forward`` (which reads only inputs the caller rewrites in place between calls) recorded once as a
-        replayable graph: the returned function replays it and returns the same output array. None where this
-        backend records no graphs (the caller then runs ``forward`` itself)."""
+    def capture(self, forward: Callable[[], Array], *, share_rows: int | None = None) -> Callable[[], Array] | None:
+        """``forward`` (which reads only inputs the caller rewrites in place between calls, with :meth:`write`)
+        recorded once as a replayable graph: the returned function replays it and returns the same output array.
+        ``share_rows``: its intermediates live in a set shared with the other graphs recorded so (sized for that many
+        rows; graphs that never run at once). None where this backend records no graphs (the caller then runs
+        ``forward`` itself)."""
         return None
+
+    def write(self, dst: Array, host: np.ndarray) -> Array:
+        """Copy ``host`` into the backend array ``dst`` in place (same size and dtype)."""
+        dst[...] = host.reshape(dst.shape)
+        return dst
+
+    def feed_tokens_into(self, ids: Array, previous: Array, source: Array) -> Array:
+        """In place: ``ids[i] = previous[source[i]]`` where ``source[i] >= 0`` (int32 backend arrays)."""
+        taken = self.to_host(previous)[np.maximum(self.to_host(source), 0)]
+        self.write(ids, np.where(self.to_host(source) >= 0, taken, self.to_host(ids)).astype(np.int32))
+        return ids
 
     # ---- ops -------------------------------------------------------------------------------------------------
     @abstractmethod

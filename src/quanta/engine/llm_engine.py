@@ -21,7 +21,7 @@ from quanta.engine.model_runner import ModelRunner
 from quanta.engine.outputs import RequestOutput, TokenLogprob
 from quanta.engine.sampler import BatchSampler, SamplingParams, on_device
 from quanta.engine.scheduler import ScheduledBatch, Scheduler
-from quanta.engine.sequence import Sequence
+from quanta.engine.sequence import PENDING, Sequence
 from quanta.engine.speculation import NgramDrafter
 from quanta.engine.stop import StopConditions
 from quanta.errors import ContextOverflowError, QuantaError
@@ -169,6 +169,7 @@ class LLMEngine:
                 if seq.finish_reason is not None:
                     break
             kept_lps = lps[:len(kept)]
+            self._register(seq)  # before a finished sequence frees its blocks: they stay cached for later requests
             if seq.finish_reason is not None:
                 self._end(seq, seq.finish_reason)
                 outputs.append(self._finished(seq, kept, text, kept_lps))
@@ -176,8 +177,15 @@ class LLMEngine:
                 outputs.append(RequestOutput(seq.id, kept, text, logprobs=kept_lps))
         for seq in launched.batch.seqs:
             if not seq.is_finished:
-                self.blocks.register_full(seq.table, seq.token_ids, seq.num_computed)
+                self._register(seq)
         return outputs
+
+    def _register(self, seq: Sequence) -> None:
+        """Make the sequence's full blocks whose tokens are all computed and known shareable."""
+        known = min(seq.num_computed, len(seq.token_ids))
+        if PENDING in seq.token_ids[:known]:
+            known = seq.token_ids.index(PENDING)
+        self.blocks.register_full(seq.table, seq.token_ids, known)
 
     def _settle_draft(self, seq: Sequence, accepted: int) -> None:
         """After a verify step: the rejected drafts' K/V are dropped (written past what is kept, in blocks no
