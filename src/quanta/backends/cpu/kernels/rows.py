@@ -26,6 +26,8 @@ from quanta.backends.cpu.kernels.legacy_dot_q8 import (
 )  # fmt: skip
 from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
 
+PASS_BYTES = 16 << 10  # weight bytes per pass when several passes read them (L1 holds them and the activations)
+
 FORMAT_CODES = {
     "Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4,
     "Q2_K": 5, "Q3_K": 6, "Q4_K": 7, "Q5_K": 8, "Q6_K": 9,
@@ -124,23 +126,28 @@ def dot_offsets(isa, fmt):
 def rows_dot_q8(isa, fmt, raw2d, r0, r1, xq, xd, xsum, xstart, out):
     """``out[t, r]`` for every activation row t and weight row r in [r0, r1), in the instruction set chosen by the
     type of ``isa`` (``isa.token``): each pass over the weights serves up to ``ROWS_PER_PASS`` activation rows,
-    every row computed exactly as alone (``q8_rows.py``). Activations from ``activations.gemv_activations``."""
+    every row computed exactly as alone (``q8_rows.py``). The passes of more rows than that take the weights
+    ``PASS_BYTES`` at a time, so that the second pass finds them in L1. Activations from
+    ``activations.gemv_activations``."""
     n = xq.shape[0]
-    for t0 in range(0, n, ROWS_PER_PASS):
-        g = min(ROWS_PER_PASS, n - t0)
-        if fmt == 0:
-            rows_dot_q4_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
-        elif fmt == 1:
-            rows_dot_q4_1_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
-        elif fmt == 2:
-            rows_dot_q5_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
-        elif fmt == 3:
-            rows_dot_q5_1_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
-        elif fmt == 4:
-            rows_dot_q8_0_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
-        elif fmt == 7:
-            rows_dot_q4_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
-        elif fmt == 8:
-            rows_dot_q5_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
-        else:
-            rows_dot_q6_k_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)
+    step = r1 - r0 if n <= ROWS_PER_PASS else max(1, PASS_BYTES // raw2d.shape[1])
+    for a in range(r0, r1, step):
+        b = min(r1, a + step)
+        for t0 in range(0, n, ROWS_PER_PASS):
+            g = min(ROWS_PER_PASS, n - t0)
+            if fmt == 0:
+                rows_dot_q4_0_q8(isa, raw2d, a, b, xq, xd, xsum, xstart, out, t0, g)
+            elif fmt == 1:
+                rows_dot_q4_1_q8(isa, raw2d, a, b, xq, xd, xsum, xstart, out, t0, g)
+            elif fmt == 2:
+                rows_dot_q5_0_q8(isa, raw2d, a, b, xq, xd, xsum, xstart, out, t0, g)
+            elif fmt == 3:
+                rows_dot_q5_1_q8(isa, raw2d, a, b, xq, xd, xsum, xstart, out, t0, g)
+            elif fmt == 4:
+                rows_dot_q8_0_q8(isa, raw2d, a, b, xq, xd, xsum, xstart, out, t0, g)
+            elif fmt == 7:
+                rows_dot_q4_k_q8(isa, raw2d, a, b, xq, xd, xsum, xstart, out, t0, g)
+            elif fmt == 8:
+                rows_dot_q5_k_q8(isa, raw2d, a, b, xq, xd, xsum, xstart, out, t0, g)
+            else:
+                rows_dot_q6_k_q8(isa, raw2d, a, b, xq, xd, xsum, xstart, out, t0, g)
