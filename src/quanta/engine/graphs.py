@@ -20,6 +20,7 @@ share one set of buffers (sized for the largest bucket): graphs replay one after
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -137,7 +138,7 @@ class ForwardGraphs:
         self.max_tokens = token_bucket(max_tokens)
         self.width = -(-n_ctx // block_size)  # block-table columns: the longest sequence's blocks
         self.block_size, self.pad_block = block_size, n_blocks
-        self._graphs: dict[tuple[int, int, bool], _Graph] = {}
+        self._graphs: dict[tuple[int, int, bool], _Graph | None] = {}  # None: its capture failed
         self._uses: dict[tuple[int, int, bool], int] = {}
 
     def bucket(self, n: int) -> int | None:
@@ -175,9 +176,15 @@ class ForwardGraphs:
         g = self._graphs.get(key)
         if g is None:
             tokens, seqs, prefill = key
-            g = self._graphs[key] = _Graph(self.model, self.backend, self.cache, tokens, seqs, self.width,
-                                           self.block_size, self.pad_block, prefill,
-                                           self.max_tokens if prefill else None)
-        if g.replay is None:
+            try:
+                g = _Graph(self.model, self.backend, self.cache, tokens, seqs, self.width, self.block_size,
+                           self.pad_block, prefill, self.max_tokens if prefill else None)
+            except Exception as e:  # noqa: BLE001 - a capture that fails costs speed, never the request
+                warnings.warn(f"a {'prefill' if prefill else 'decode'} graph of {tokens} rows could not be captured "
+                              f"({type(e).__name__}: {e}); that shape runs without a graph", RuntimeWarning,
+                              stacklevel=2)
+                g = None
+            self._graphs[key] = g
+        if g is None or g.replay is None:
             return None
         return g.run(ids, meta, previous, source, rows)

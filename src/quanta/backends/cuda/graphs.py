@@ -48,6 +48,7 @@ class GraphRecorder:
         self._buffers: dict[str, torch.Tensor] | None = None  # the recording graph's, while one records
         self._rows: int | None = None  # while recording into the shared set: the rows its buffers hold
         self._shared: dict[str, torch.Tensor] = {}
+        self._retired: list[torch.Tensor] = []  # shared storage outgrown, still read by graphs recorded with it
 
     @property
     def capturing(self) -> bool:
@@ -60,10 +61,11 @@ class GraphRecorder:
         size = math.prod(shape)
         if self._rows is not None:
             buf = self._shared.get(name)
-            if buf is None:
-                buf = self._shared[name] = torch.empty(size // shape[0] * self._rows, dtype=torch.float32,
-                                                       device=self.device)
-            assert buf.numel() >= size, (name, shape, buf.numel())  # (a wider use would need new storage)
+            if buf is None or buf.numel() < size:  # a name used at a new width (x_words of d_model, then of d_ff)
+                if buf is not None:  # graphs recorded before (and this one's earlier kernels) keep the old storage
+                    self._retired.append(buf)
+                buf = self._shared[name] = torch.empty(max(size // shape[0] * self._rows, size),
+                                                       dtype=torch.float32, device=self.device)
             return buf[:size].view(shape)
         buf = self._buffers.get(name)
         if buf is None or buf.numel() < size:  # (a smaller one stays with the graph: kernels recorded before use it)
