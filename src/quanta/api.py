@@ -32,8 +32,9 @@ class LLM:
     CPU), "cpu", "cuda" or "cuda:N"; ``n_ctx``: the longest sequence (default: the model's, at most 4096);
     ``threads``: CPU threads (default: all available cores); ``exact``: fp32 activations everywhere (the reference
     mode) instead of the fast 8-bit activation path; ``cpu_isa``: force the CPU's int8 kernels ("avx2",
-    "avx_vnni", "avx512_vnni"; default: the fastest the CPU has); ``home``: the model cache (default
-    ~/.cache/quanta). The engine's settings (``max_seqs``, ``max_batched_tokens``,
+    "avx_vnni", "avx512_vnni"; default: the fastest the CPU has); ``cuda``: the GPU backend's switches
+    (``{"q8": False}``: float activations in the decode matmuls; ``{"pdl": False}``: no programmatic dependent
+    launch); ``home``: the model cache (default ~/.cache/quanta). The engine's settings (``max_seqs``, ``max_batched_tokens``,
     ``block_size``, ``kv_blocks``, ``kv_memory``, ``kv_memory_fraction``, ``prefix_caching``) are
     :class:`quanta.engine.EngineConfig`'s; ``speculative="ngram"`` turns on lossless n-gram speculative decoding
     (quanta.engine.speculation).
@@ -41,7 +42,8 @@ class LLM:
 
     def __init__(self, model: str | os.PathLike | None = None, *, device: str = "auto", n_ctx: int | None = None,
                  threads: int | None = None, exact: bool = False, cpu_isa: str | None = None,
-                 home: str | os.PathLike | None = None, progress: bool = False, **engine: Any):
+                 cuda: dict[str, Any] | None = None, home: str | os.PathLike | None = None, progress: bool = False,
+                 **engine: Any):
         if model is not None and not isinstance(model, (str, os.PathLike)):
             raise ValueError(f"model must be a path or a model name, got {type(model).__name__}")
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2):
@@ -58,8 +60,8 @@ class LLM:
             raise ValueError(f"unknown LLM option(s): {unknown}") from None
         self._closed = False
         with _collector_paused():
-            self._load(model, device, n_ctx, dict(threads=threads, exact=exact, cpu_isa=cpu_isa), home, progress,
-                       config)
+            self._load(model, device, n_ctx, dict(threads=threads, exact=exact, cpu_isa=cpu_isa, cuda=cuda), home,
+                       progress, config)
 
     def _load(self, model: str | os.PathLike | None, device: str, n_ctx: int | None, backend: dict[str, Any],
               home: str | os.PathLike | None, progress: bool, config: EngineConfig) -> None:

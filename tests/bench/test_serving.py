@@ -59,7 +59,7 @@ def test_concurrency_bench_on_the_cpu(smollm2_path, tmp_path) -> None:
     out = tmp_path / "serving.json"
     status = main(["bench", "-m", str(smollm2_path), "--device", "cpu", "--threads", "2", "--concurrency", "1,3",
                    "-p", "16", "-n", "4", "--repeats", "1", "--prefix-tokens", "40", "--json", str(out),
-                   "--plot", str(tmp_path / "serving.png")])
+                   "--plot", str(tmp_path / "serving.png"), "--vs", "llama.cpp"])
     assert status == 0 and (tmp_path / "serving.png").stat().st_size > 0
     r = json.loads(out.read_text())
     assert [row["concurrency"] for row in r["runs"]] == [1, 3]
@@ -68,8 +68,28 @@ def test_concurrency_bench_on_the_cpu(smollm2_path, tmp_path) -> None:
         assert row["ttft_ms_p50"] <= row["ttft_ms_p90"] <= row["ttft_ms_p99"]
         assert row["decode_tok_s_spread"]["min"] == row["decode_tok_s"] == row["decode_tok_s_spread"]["max"]
     assert r["prefix_cache"]["cached_tokens"] == [0, 32]  # the shared prefix's full blocks of 16
+    assert r["peer"]["name"] == "llama.cpp" and [row["concurrency"] for row in r["peer"]["runs"]] == [1, 3]
+    assert all(row["decode_tok_s"] > 0 and row["prefill_tok_s"] > 0 for row in r["peer"]["runs"])
 
 
 def test_bad_concurrency_is_a_clear_error(capsys) -> None:
     assert main(["bench", "--concurrency", "4,x"]) != 0
     assert "--concurrency takes comma-separated counts" in capsys.readouterr().err
+
+
+def test_llama_cpp_peer_decodes_each_sequence_of_a_batch_as_if_alone(smollm2_path) -> None:
+    """The peer's driver (one context, a sequence id per request, one decode call per step): a burst of three
+    prompts of different lengths gives each the greedy tokens llama.cpp gives it alone."""
+    from quanta.bench.llama_batched import LlamaCppBatched
+
+    prompts = [list(range(1000, 1000 + n)) for n in (5, 9, 14)]
+    prompts[1][3] = 4242  # different texts, not only lengths
+    peer = LlamaCppBatched(smollm2_path, threads=2, n_ctx_per_seq=32, max_seqs=3, n_batch=8)  # prefill in chunks
+    try:
+        together = peer.run_burst(prompts, 6)
+        alone = [peer.run_burst([p], 6)["tokens"][0] for p in prompts]
+    finally:
+        peer.close()
+    assert together["tokens"] == alone
+    assert len(set(map(tuple, alone))) == 3 and all(len(t) == 6 for t in alone)
+    assert together["steps"] == 6 and together["decode_tok_s"] > 0

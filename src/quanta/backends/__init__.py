@@ -32,9 +32,10 @@ def resolve_device(device: str) -> str:
 
 
 def get_backend(device: str = "auto", *, threads: int | None = None, exact: bool = False,
-                cpu_isa: str | None = None) -> Backend:
+                cpu_isa: str | None = None, cuda: dict | None = None) -> Backend:
     """The backend for ``device`` ("auto", "cpu", "cuda" or "cuda:N"; ``resolve_device`` picks for "auto");
-    imported lazily (torch only for CUDA). ``cpu_isa`` forces the CPU's int8 kernels (None: the fastest)."""
+    imported lazily (torch only for CUDA). ``cpu_isa`` forces the CPU's int8 kernels (None: the fastest);
+    ``cuda``: the CUDA backend's switches (``q8``, ``pdl``: CUDABackend's arguments)."""
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
     if not isinstance(device, str):
@@ -52,5 +53,5 @@ def get_backend(device: str = "auto", *, threads: int | None = None, exact: bool
             from quanta.backends.cuda import CUDABackend
         except ImportError as e:
             raise QuantaError(f"the CUDA backend is not available: {e}") from None
-        return CUDABackend(device=device, exact=exact)
+        return CUDABackend(device=device, exact=exact, **(cuda or {}))
     raise ValueError(f"unknown device {device!r} (supported: {', '.join(DEVICES)})")

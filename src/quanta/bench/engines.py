@@ -48,10 +48,10 @@ class QuantaEngine:
     name = "quanta"
 
     def __init__(self, model: str, *, device: str, threads: int, n_ctx: int, exact: bool = False,
-                 cpu_isa: str | None = None):
+                 cpu_isa: str | None = None, cuda: dict | None = None):
         from quanta import LLM
 
-        self.llm = LLM(model, device=device, threads=threads, n_ctx=n_ctx, exact=exact, cpu_isa=cpu_isa,
+        self.llm = LLM(model, device=device, threads=threads, n_ctx=n_ctx, exact=exact, cpu_isa=cpu_isa, cuda=cuda,
                        max_seqs=1)
 
     def run(self, prompt: list[int], n_decode: int) -> RunTimes:

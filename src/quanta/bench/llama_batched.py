@@ -67,7 +67,8 @@ class LlamaCppBatched:
         return int(np.argmax(logits))
 
     def run_burst(self, prompts: list[list[int]], decode_tokens: int) -> dict[str, Any]:
-        """Every prompt at once, then ``decode_tokens`` greedy tokens each (past end-of-generation)."""
+        """Every prompt at once, then ``decode_tokens`` greedy tokens each (past end-of-generation); ``tokens``:
+        each sequence's."""
         self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
         t0 = time.perf_counter()
         items = [(t, p, s, p == len(prompt) - 1) for s, prompt in enumerate(prompts) for p, t in enumerate(prompt)]
@@ -80,11 +81,14 @@ class LlamaCppBatched:
                     last[seq] = self._greedy(row)
         t_first = time.perf_counter()
         tokens = [last[s] for s in range(len(prompts))]
+        generated = [[t] for t in tokens]
         step_times = []
         for step in range(decode_tokens - 1):
             t = time.perf_counter()
             self._decode([(tokens[s], len(prompts[s]) + step, s, True) for s in range(len(prompts))])
             tokens = [self._greedy(s) for s in range(len(prompts))]
+            for out, t in zip(generated, tokens):
+                out.append(t)
             step_times.append(time.perf_counter() - t)
         t_end = time.perf_counter()
         n = len(prompts)
@@ -93,4 +97,5 @@ class LlamaCppBatched:
                 "decode_tok_s": n * (decode_tokens - 1) / decode_s if decode_s > 0 else float("nan"),
                 "per_seq_decode_tok_s": (decode_tokens - 1) / decode_s if decode_s > 0 else float("nan"),
                 "total_s": t_end - t0, "steps": len(step_times) + 1, "ttft_s": [t_first - t0] * n,
-                "step_ms_median": 1e3 * statistics.median(step_times) if step_times else float("nan")}
+                "step_ms_median": 1e3 * statistics.median(step_times) if step_times else float("nan"),
+                "tokens": generated}

@@ -40,6 +40,7 @@ class BenchConfig:
     breakdown: bool = True
     busy_cores: int = 0  # competing busy processes during the whole run (contention.py)
     cpu_isa: str | None = None  # the CPU backend's int8 instruction set (None: the fastest the CPU has)
+    cuda: dict | None = None  # the CUDA backend's switches (q8, pdl), from the CLI's environment
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -173,7 +174,8 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
     if cfg.vs:
         require_llama_cpp()  # before quanta loads: a missing peer is the first thing said
     engines: dict[str, Any] = {"quanta": QuantaEngine(str(cfg.model), device=cfg.device, threads=cfg.threads,
-                                                      n_ctx=n_ctx, exact=cfg.exact, cpu_isa=cfg.cpu_isa)}
+                                                      n_ctx=n_ctx, exact=cfg.exact, cpu_isa=cfg.cpu_isa,
+                                                      cuda=cfg.cuda)}
     if cfg.vs:
         engines["llama.cpp"] = LlamaCppEngine(cfg.model, threads=cfg.threads, n_ctx=n_ctx)
     runs: dict[str, list[RunTimes]] = {k: [] for k in engines}

@@ -8,7 +8,8 @@ decode tok/s (the median request's tokens after its first over the time from its
 percentiles over every request of every repeat (arrival to first token, queueing included). Then the prefix cache:
 a request whose prompt shares ``prefix_tokens`` tokens with a finished one gets its first token in what fraction of
 the first one's time. The same prompts on every engine and run; warm-up runs first (kernels compiled, a CUDA graph
-captured per batch-size bucket).
+captured per batch-size bucket). ``vs="llama.cpp"``: the same bursts through llama.cpp's own parallel decoding
+(llama_batched.py) after quanta's, on the CPU.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from quanta.bench.engines import require_llama_cpp
+from quanta.bench.llama_batched import LlamaCppBatched
 from quanta.engine import SamplingParams, StopConditions
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -38,6 +41,9 @@ class ServingConfig:
     threads: int | None = None
     exact: bool = False
     prefix_tokens: int = 1000  # 0: no prefix-cache measurement
+    vs: str | None = None  # "llama.cpp": the same bursts through llama.cpp's batched decoding
+    cpu_isa: str | None = None
+    cuda: dict | None = None  # the CUDA backend's switches, from the CLI's environment
 
 
 def _prompts(vocab: int, n: int, length: int, seed: int) -> list[list[int]]:
@@ -114,31 +120,18 @@ def prefix_cache_ttft(engine: Any, vocab: int, prefix_tokens: int) -> dict[str, 
             "ratio": t_shared / t_first, "cached_tokens": [c_first, c_shared]}
 
 
-def run_serving(cfg: ServingConfig, *, progress: bool = False) -> dict[str, Any]:
-    """Measure every concurrency of ``cfg``; returns the report (the --json document)."""
-    from quanta import LLM
-
-    top = max(cfg.concurrency)
-    n_ctx = max(cfg.prompt_tokens + cfg.decode_tokens, cfg.prefix_tokens + 17) + 16
-    llm = LLM(cfg.model, device=cfg.device, threads=cfg.threads, exact=cfg.exact, n_ctx=n_ctx, max_seqs=top)
-    engine, vocab = llm.engine, llm.config.vocab_size
-    report: dict[str, Any] = {"model": str(cfg.model), "device": cfg.device, "config": asdict(cfg) | {
-        "model": str(cfg.model)}, "n_ctx": n_ctx, "kv_blocks": engine.runner.n_blocks,
-        "block_size": engine.config.block_size, "runs": []}
-    report["config"]["concurrency"] = list(cfg.concurrency)
-    if cfg.device == "cuda":
-        import torch
-
-        report["device_name"] = torch.cuda.get_device_name()
+def _measure(burst: Any, cfg: ServingConfig, vocab: int, name: str, progress: bool) -> list[dict[str, Any]]:
+    """Warm-up bursts, then ``cfg.repeats`` bursts per concurrency through ``burst(prompts, decode_tokens)``."""
     for c in sorted(cfg.concurrency):  # warm-up: compiles, and captures the graphs of each batch size
-        run_burst(engine, _prompts(vocab, c, cfg.prompt_tokens, seed=100 + c), min(cfg.decode_tokens, 8))
+        burst(_prompts(vocab, c, cfg.prompt_tokens, seed=100 + c), min(cfg.decode_tokens, 8))
+    rows = []
     for c in cfg.concurrency:
         bursts = []
         for r in range(cfg.repeats):
-            bursts.append(run_burst(engine, _prompts(vocab, c, cfg.prompt_tokens, seed=1000 * r + c),
-                                    cfg.decode_tokens))
+            bursts.append(burst(_prompts(vocab, c, cfg.prompt_tokens, seed=1000 * r + c), cfg.decode_tokens))
             if progress:
-                print(f"concurrency {c}, repeat {r + 1}: {bursts[-1]['decode_tok_s']:,.0f} decode tok/s", flush=True)
+                print(f"{name}, concurrency {c}, repeat {r + 1}: {bursts[-1]['decode_tok_s']:,.0f} decode tok/s",
+                      flush=True)
         ttft = [t for b in bursts for t in b["ttft_s"]]
         row: dict[str, Any] = {"concurrency": c}
         for key in ("prefill_tok_s", "decode_tok_s", "per_seq_decode_tok_s", "total_s"):
@@ -147,10 +140,42 @@ def run_serving(cfg: ServingConfig, *, progress: bool = False) -> dict[str, Any]
             row[f"{key}_spread"] = {"min": min(values), "max": max(values)}
         row["steps"] = bursts[0]["steps"]
         row.update({f"ttft_ms_p{q}": 1e3 * _percentile(ttft, q) for q in (50, 90, 99)})
-        report["runs"].append(row)
+        rows.append(row)
+    return rows
+
+
+def run_serving(cfg: ServingConfig, *, progress: bool = False) -> dict[str, Any]:
+    """Measure every concurrency of ``cfg``; returns the report (the --json document)."""
+    from quanta import LLM
+
+    if cfg.vs is not None:
+        if cfg.device != "cpu":
+            raise ValueError("--concurrency --vs llama.cpp compares on the CPU (the llama.cpp here is a CPU build)")
+        require_llama_cpp()  # before quanta loads: a missing peer is the first thing said
+    top = max(cfg.concurrency)
+    n_ctx = max(cfg.prompt_tokens + cfg.decode_tokens, cfg.prefix_tokens + 17) + 16
+    llm = LLM(cfg.model, device=cfg.device, threads=cfg.threads, exact=cfg.exact, cpu_isa=cfg.cpu_isa, cuda=cfg.cuda,
+              n_ctx=n_ctx, max_seqs=top)
+    engine, vocab = llm.engine, llm.config.vocab_size
+    report: dict[str, Any] = {"model": str(cfg.model), "device": cfg.device, "config": asdict(cfg) | {
+        "model": str(cfg.model)}, "n_ctx": n_ctx, "kv_blocks": engine.runner.n_blocks,
+        "block_size": engine.config.block_size}
+    report["config"]["concurrency"] = list(cfg.concurrency)
+    if cfg.device == "cuda":
+        import torch
+
+        report["device_name"] = torch.cuda.get_device_name()
+    report["runs"] = _measure(lambda prompts, n: run_burst(engine, prompts, n), cfg, vocab, "quanta", progress)
     if cfg.prefix_tokens:
         report["prefix_cache"] = prefix_cache_ttft(engine, vocab, cfg.prefix_tokens)
     llm.close()
+    if cfg.vs is not None:
+        peer = LlamaCppBatched(cfg.model, threads=cfg.threads or 1, max_seqs=top,
+                               n_ctx_per_seq=cfg.prompt_tokens + cfg.decode_tokens + 16)
+        try:
+            report["peer"] = {"name": peer.name, "runs": _measure(peer.run_burst, cfg, vocab, peer.name, progress)}
+        finally:
+            peer.close()
     return report
 
 
@@ -166,6 +191,15 @@ def format_serving(report: dict[str, Any]) -> str:
         lines.append(f"{r['concurrency']:>11} {r['decode_tok_s']:>13,.0f} {r['per_seq_decode_tok_s']:>9,.1f} "
                      f"{r['prefill_tok_s']:>14,.0f} {r['ttft_ms_p50']:>12,.1f} {r['ttft_ms_p90']:>9,.1f} "
                      f"{r['ttft_ms_p99']:>9,.1f} {r['steps']:>6}")
+    if "peer" in report:
+        name = report["peer"]["name"]
+        lines += ["", f"{name}, the same bursts through its batched decoding:",
+                  f"{'concurrency':>11} {'decode tok/s':>13} {'per seq':>9} {'prefill tok/s':>14} "
+                  f"{'TTFT p50 ms':>12} {'quanta/' + name + ' decode':>24}"]
+        for r, mine in zip(report["peer"]["runs"], report["runs"]):
+            lines.append(f"{r['concurrency']:>11} {r['decode_tok_s']:>13,.0f} {r['per_seq_decode_tok_s']:>9,.1f} "
+                         f"{r['prefill_tok_s']:>14,.0f} {r['ttft_ms_p50']:>12,.1f} "
+                         f"{mine['decode_tok_s'] / r['decode_tok_s']:>23.2f}x")
     if "prefix_cache" in report:
         p = report["prefix_cache"]
         lines += ["", f"prefix cache: TTFT {p['first_ttft_ms']:.1f} ms → {p['shared_ttft_ms']:.1f} ms sharing a "
@@ -185,6 +219,8 @@ def plot_serving(report: dict[str, Any], path: str | Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     ax1.plot(cs, [r["decode_tok_s"] for r in runs], "o-", label="aggregate")
     ax1.plot(cs, [r["per_seq_decode_tok_s"] for r in runs], "s--", label="per sequence")
+    if "peer" in report:
+        ax1.plot(cs, [r["decode_tok_s"] for r in report["peer"]["runs"]], "^:", label=f"{report['peer']['name']} aggregate")
     ax1.set(xscale="log", yscale="log", xlabel="concurrent sequences", ylabel="decode tok/s", title="decode")
     ax1.legend()
     for q in (50, 99):

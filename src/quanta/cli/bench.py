@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                       prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, depth=args.depth,
                       repeats=args.repeats, threads=threads, vs=args.vs, exact=args.exact,
                       cold_start=not args.no_cold_start, busy_cores=args.busy_cores,
-                      cpu_isa=args.cpu_isa)
+                      cpu_isa=args.cpu_isa, cuda=args.cuda)
     report = run_bench(cfg, progress=sys.stderr.isatty())
     print(format_table(report))
     if args.json:
@@ -88,7 +88,8 @@ def _serving(args: argparse.Namespace, threads: int) -> int:
                                        device=resolve_device(args.device),
                                        prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens,
                                        repeats=args.repeats, threads=threads, exact=args.exact,
-                                       prefix_tokens=args.prefix_tokens), progress=sys.stderr.isatty())
+                                       prefix_tokens=args.prefix_tokens, vs=args.vs, cpu_isa=args.cpu_isa,
+                                       cuda=args.cuda), progress=sys.stderr.isatty())
     print(format_serving(report))
     if args.json:
         write_json(report, args.json)

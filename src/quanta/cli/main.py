@@ -2,7 +2,9 @@
 
 Verb modules are imported only when their verb runs, so `quanta --help` and light verbs start fast (numba, torch
 and the kernels load only for verbs that compute). The environment is read here, once: ``QUANTA_HOME`` (the
-model cache; checked, then passed down as ``args.home``) and ``QUANTA_DEBUG`` (tracebacks instead of messages).
+model cache; checked, then passed down as ``args.home``), ``QUANTA_DEBUG`` (tracebacks instead of messages), and the
+GPU backend's switches ``QUANTA_Q8=0`` (float activations in the decode matmuls) and ``QUANTA_PDL=0`` (no
+programmatic dependent launch), passed down as ``args.cuda``.
 Every mistake ends in one line on stderr: `quanta VERB: error: ...` with exit status 2 for a bad command line,
 `quanta: error: ...` for what went wrong while running (2 when the input or the environment is at fault, 1 for
 a bug).
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, or a mistake already reported
         return e.code if isinstance(e.code, int) else 0
     args.home = os.environ.get("QUANTA_HOME") or None
+    args.cuda = {"q8": os.environ.get("QUANTA_Q8", "1") != "0",
+                 "pdl": False if os.environ.get("QUANTA_PDL", "1") == "0" else None}
     try:
         if args.home is not None:
             from quanta.hub import check_home

@@ -83,7 +83,7 @@ def load_llm(args: argparse.Namespace) -> Any:
     from quanta.api import LLM
 
     return LLM(args.model, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
-               cpu_isa=args.cpu_isa, home=args.home, progress=True, **engine_kwargs(args))
+               cpu_isa=args.cpu_isa, cuda=args.cuda, home=args.home, progress=True, **engine_kwargs(args))
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:

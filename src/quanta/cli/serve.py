@@ -46,12 +46,13 @@ def run(args: argparse.Namespace) -> int:
                           max_queue=args.max_queue, cors_origins=tuple(args.cors_origin or ()),
                           shutdown_grace_s=args.shutdown_grace)
     engine = engine_kwargs(args)
-    path = resolve_model(args.model, home=getattr(args, "home", None), progress=True)
+    path = resolve_model(args.model, home=args.home, progress=True)
     prepare_cpu_runtime()
 
     def load():  # noqa: ANN202 - runs in the server's loader thread
         from quanta.api import LLM
 
-        return LLM(path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact, **engine)
+        return LLM(path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
+                   cpu_isa=args.cpu_isa, cuda=args.cuda, home=args.home, **engine)
 
     return serve(config, load, model_name(args.model, path))

@@ -52,7 +52,7 @@ def test_rows_equal_the_row_alone_and_the_q8_reference(type_name, isa):
     gemv_rows = range(1, q8_gemm_min_rows(isa, type_name))  # the row counts that take the GEMV
     assert len(gemv_rows) >= 8  # a decode batch of 8 sequences
     for k in k_for(type_name):
-        t = random_tensor(type_name, 45, k, seed=k)
+        t = random_tensor(type_name, 1600, k, seed=k)  # one thread's chunks take more than one 16 KB pass
         w = prepare_weight(t)
         x = rng.standard_normal((max(gemv_rows), k)).astype(np.float32)
         x[1, 32:64] = 0  # an all-zero activation block (scale 0)

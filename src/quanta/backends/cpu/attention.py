@@ -39,7 +39,9 @@ def hadamard(x: np.ndarray) -> None:
                 a, b = x[i], x[i + span]
                 x[i], x[i + span] = a + b, a - b
         span *= 2
-    x *= np.float32(1.0 / math.sqrt(n))
+    norm = np.float32(1.0 / math.sqrt(n))
+    for i in range(n):
+        x[i] *= norm
 
 
 @numba.njit(nogil=True, cache=True)
@@ -47,9 +49,11 @@ def _store(x: np.ndarray, cache: np.ndarray, scale: np.ndarray | None, h: int, s
     """One head's row ``x`` into slot ``s`` of ``cache``: as it is, or rotated (``row``: scratch) as int8 codes
     of ``max|xH| / 127`` steps per group of ``SCALE_GROUP`` values."""
     if scale is None:
-        cache[h, s, :] = x
+        for d in range(x.size):
+            cache[h, s, d] = x[d]
     else:
-        row[:] = x
+        for d in range(x.size):
+            row[d] = x[d]
         hadamard(row)
         g = row.size // scale.shape[2]
         for j in range(scale.shape[2]):
@@ -65,10 +69,10 @@ def _store(x: np.ndarray, cache: np.ndarray, scale: np.ndarray | None, h: int, s
 
 @numba.njit(nogil=True, cache=True)
 def write_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
-             v_scale: np.ndarray | None, slots: np.ndarray) -> None:
-    """Store the new tokens' K and V (n, n_kv, hd) at their pool slots of the (n_kv, n_slots, hd) caches."""
-    n, n_kv, hd = k.shape
-    row = np.empty(hd, np.float32)
+             v_scale: np.ndarray | None, slots: np.ndarray, row: np.ndarray) -> None:
+    """Store the new tokens' K and V (n, n_kv, hd) at their pool slots of the (n_kv, n_slots, hd) caches (``row``:
+    hd floats of scratch; no allocation inside the kernel, which would load numba's allocation module)."""
+    n, n_kv = k.shape[0], k.shape[1]
     for i in range(n):
         for h in range(n_kv):
             _store(k[i, h], k_cache, k_scale, h, slots[i], row)
@@ -79,8 +83,9 @@ def write_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
 def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
                      v_scale: np.ndarray | None, rows: np.ndarray, positions: np.ndarray, token_seq: np.ndarray,
                      block_tables: np.ndarray, block_size: int, scale: float, window: int, softcap: float,
-                     scratch: np.ndarray, out: np.ndarray) -> None:
-    """Attention of the tokens ``rows`` of q (n, heads, hd) → their rows of ``out`` (n, heads * hd)."""
+                     scratch: np.ndarray, q_rows: np.ndarray, out: np.ndarray) -> None:
+    """Attention of the tokens ``rows`` of q (n, heads, hd) → their rows of ``out`` (n, heads * hd). ``scratch``
+    and ``q_rows`` (threads, hd): per-thread score rows and rotated query rows."""
     n_heads, hd = q.shape[1], q.shape[2]
     group = n_heads // k_cache.shape[0]
     for t in numba.prange(rows.size * n_heads):
@@ -92,8 +97,11 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
         s = scratch[numba.get_thread_id()]
         qrow = q[i, h]
         if k_scale is not None:  # the keys are stored rotated
-            qrow = qrow.copy()
-            hadamard(qrow)
+            rotated = q_rows[numba.get_thread_id()]
+            for d in range(hd):
+                rotated[d] = qrow[d]
+            hadamard(rotated)
+            qrow = rotated
         m = -np.inf
         for j in range(lo, p + 1):
             slot = table[j // block_size] * block_size + j % block_size
@@ -120,7 +128,8 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
             s[j] = e
             total += e
         o = out[i, h * hd:(h + 1) * hd]
-        o[:] = 0.0
+        for d in range(hd):
+            o[d] = 0.0
         for j in range(lo, p + 1):
             slot = table[j // block_size] * block_size + j % block_size
             w = s[j - lo] / total

@@ -170,7 +170,7 @@ class CPUBackend(Backend):
             out = np.empty((n, n_heads * hd), np.float32)
         k_cache, v_cache, k_scale, v_scale = cache
         if k is not None:
-            _attention.write_kv(k, v, k_cache, v_cache, k_scale, v_scale, meta.slots)
+            _attention.write_kv(k, v, k_cache, v_cache, k_scale, v_scale, meta.slots, self.buffer("_kv_row", (hd,)))
         b = meta.block_size
         for start, stop, j in meta.blas_chunks:
             keys = _attention.sequence_slots(meta.block_tables[j], b, int(meta.seq_lens[j]))
@@ -179,7 +179,8 @@ class CPUBackend(Backend):
         if meta.kernel_rows.size:
             _attention.attention_kernel(q, k_cache, v_cache, k_scale, v_scale, meta.kernel_rows, meta.positions,
                                         meta.token_seq, meta.block_tables, b, float(scale), int(window),
-                                        float(softcap), self._scratch, out)
+                                        float(softcap), self._scratch,
+                                        self.buffer("_q_rows", (numba.config.NUMBA_NUM_THREADS, hd)), out)
         return out
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
