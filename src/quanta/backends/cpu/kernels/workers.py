@@ -107,7 +107,7 @@ def _run_job(ctl, job, isa):
 def worker_loop(ctl, job, tid, spin_cycles, isa):
     """A worker thread's life: run the chunks of each new job; sleep after ``spin_cycles`` without one. ``isa``
     (a token of ``isa.py``) selects the int8 kernels, as for the caller's ``gemv_q8``."""
-    seen = atomic_load(ctl, SEQ)
+    seen = 0  # SEQ's value when the pool was made: a job published before this thread first ran is still new
     idle_since = cycles()
     while atomic_load(ctl, QUIT) == 0:
         seq = atomic_load(ctl, SEQ)
