@@ -34,9 +34,9 @@ class LLM:
     mode) instead of the fast 8-bit activation path; ``cpu_isa``: force the CPU's int8 kernels ("avx2",
     "avx_vnni", "avx512_vnni"; default: the fastest the CPU has); ``cuda``: the GPU backend's switches
     (``{"q8": False}``: float activations in the decode matmuls; ``{"pdl": False}``: no programmatic dependent
-    launch); ``home``: the model cache (default ~/.cache/quanta). The engine's settings (``max_seqs``, ``max_batched_tokens``,
-    ``block_size``, ``kv_blocks``, ``kv_memory``, ``kv_memory_fraction``, ``prefix_caching``) are
-    :class:`quanta.engine.EngineConfig`'s; ``speculative="ngram"`` turns on lossless n-gram speculative decoding
+    launch); ``home``: the model cache (default ~/.cache/quanta). The engine's settings (``max_seqs``,
+    ``max_batched_tokens``, ``block_size``, ``kv_blocks``, ``kv_memory``, ``kv_memory_fraction``, ``prefix_caching``)
+    are :class:`quanta.engine.EngineConfig`'s; ``speculative="ngram"`` turns on lossless n-gram speculative decoding
     (quanta.engine.speculation).
     """
 

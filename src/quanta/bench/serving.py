@@ -220,7 +220,8 @@ def plot_serving(report: dict[str, Any], path: str | Path) -> None:
     ax1.plot(cs, [r["decode_tok_s"] for r in runs], "o-", label="aggregate")
     ax1.plot(cs, [r["per_seq_decode_tok_s"] for r in runs], "s--", label="per sequence")
     if "peer" in report:
-        ax1.plot(cs, [r["decode_tok_s"] for r in report["peer"]["runs"]], "^:", label=f"{report['peer']['name']} aggregate")
+        peer = report["peer"]
+        ax1.plot(cs, [r["decode_tok_s"] for r in peer["runs"]], "^:", label=f"{peer['name']} aggregate")
     ax1.set(xscale="log", yscale="log", xlabel="concurrent sequences", ylabel="decode tok/s", title="decode")
     ax1.legend()
     for q in (50, 99):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -64,8 +65,12 @@ def run(args: argparse.Namespace) -> int:
                       repeats=args.repeats, threads=threads, vs=args.vs, exact=args.exact,
                       cold_start=not args.no_cold_start, busy_cores=args.busy_cores,
                       cpu_isa=args.cpu_isa, cuda=args.cuda)
-    report = run_bench(cfg, progress=sys.stderr.isatty())
-    print(format_table(report))
+    return _report(run_bench(cfg, progress=sys.stderr.isatty()), args, format_table, write_json, plot)
+
+
+def _report(report: dict, args: argparse.Namespace, fmt: Callable, write_json: Callable, plot: Callable) -> int:
+    """Print the report's table; write its JSON and draw its plot where asked."""
+    print(fmt(report))
     if args.json:
         write_json(report, args.json)
     if args.plot:
@@ -90,12 +95,7 @@ def _serving(args: argparse.Namespace, threads: int) -> int:
                                        repeats=args.repeats, threads=threads, exact=args.exact,
                                        prefix_tokens=args.prefix_tokens, vs=args.vs, cpu_isa=args.cpu_isa,
                                        cuda=args.cuda), progress=sys.stderr.isatty())
-    print(format_serving(report))
-    if args.json:
-        write_json(report, args.json)
-    if args.plot:
-        plot_serving(report, args.plot)
-    return 0
+    return _report(report, args, format_serving, write_json, plot_serving)
 
 
 def _speculative(args: argparse.Namespace, threads: int) -> int:

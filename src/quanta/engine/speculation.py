@@ -24,12 +24,13 @@ SPECULATIVE_METHODS = ("ngram",)
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """``max_draft``: most draft tokens per step; ``max_ngram``: longest suffix looked up; ``extra_token_cost``:
-    a verified token's cost relative to a decode step (the gate's c); ``prior``: the acceptance rate assumed
-    before a sequence has any."""
+    a verified token's cost relative to a decode step (the gate's c; 0.2: an extra row of the CPU's batched GEMV
+    costs 0.17-0.25 of a SmolLM2 step, and with 0.1 the gate drafted on prose at 11% acceptance and lost 3-4%,
+    docs/PERF.md session 40); ``prior``: the acceptance rate assumed before a sequence has any."""
 
     max_draft: int = 4
     max_ngram: int = 3
-    extra_token_cost: float = 0.1
+    extra_token_cost: float = 0.2
     prior: float = 0.6
 
     def __post_init__(self) -> None:

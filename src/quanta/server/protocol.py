@@ -10,6 +10,7 @@ OpenAI-compatible servers do. Output constraints (``response_format``, ``grammar
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
@@ -261,12 +262,9 @@ def chat_plan(body: ChatBody, tokenizer: Any, n_ctx: int, n_vocab: int) -> Plan:
         if tool_grammar is not None and grammar is not None:
             raise invalid("tool calls and response_format or grammar cannot be combined", "response_format")
         grammar = grammar or tool_grammar
-    try:
-        ids = tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tools_arg, max_tokens=n_ctx)
-    except ContextOverflowError as e:
-        raise invalid(str(e), "messages", "context_length_exceeded") from None
-    except QuantaError as e:
-        raise invalid(f"the messages cannot be rendered by the model's chat template: {e}", "messages") from None
+    ids = _tokenized(lambda: tokenizer.encode_chat(messages, add_generation_prompt=True, tools=tools_arg,
+                                                   max_tokens=n_ctx),
+                     "messages", "the messages cannot be rendered by the model's chat template")
     check_fits(len(ids), n_ctx, "messages")
     stop = stop_conditions(body, body.max_completion_tokens or body.max_tokens, n_ctx)
     params = sampling(body, logprobs, n_vocab)
@@ -347,14 +345,20 @@ def _prompt_list(prompt: str | list) -> list[str | list[int]]:
     return list(prompt)
 
 
+def _tokenized(encode: Callable[[], list[int]], field: str, failure: str) -> list[int]:
+    """``encode()``'s ids; a text too long for the context, or one the tokenizer refuses, is the client's 400."""
+    try:
+        return encode()
+    except ContextOverflowError as e:
+        raise invalid(str(e), field, "context_length_exceeded") from None
+    except QuantaError as e:
+        raise invalid(f"{failure}: {e}", field) from None
+
+
 def _prompt_ids(prompt: str | list[int], tokenizer: Any, n_ctx: int, n_vocab: int) -> list[int]:
     if isinstance(prompt, str):
-        try:
-            ids = tokenizer.encode(prompt, add_special=True, parse_special=True, max_tokens=n_ctx)
-        except ContextOverflowError as e:
-            raise invalid(str(e), "prompt", "context_length_exceeded") from None
-        except QuantaError as e:
-            raise invalid(f"the prompt cannot be tokenized: {e}", "prompt") from None
+        ids = _tokenized(lambda: tokenizer.encode(prompt, add_special=True, parse_special=True, max_tokens=n_ctx),
+                         "prompt", "the prompt cannot be tokenized")
     else:
         ids = check_token_ids(prompt, n_vocab, "prompt")
     check_fits(len(ids), n_ctx, "prompt")

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from quanta.backends import get_backend
-from quanta.backends.base import AttentionMetadata, KVShape
+from quanta.backends.base import KVShape
 from quanta.models.base import rope_inv_freq
+
+from batches import placement
 
 RNG = np.random.default_rng(0)
 
@@ -80,24 +82,6 @@ def attention_reference(q, k_all, v_all, pos, scale, window, softcap):
             p = np.exp(s - s.max())
             out[i, head] = (p / p.sum()) @ v_all[keys, head // group]
     return out.reshape(n, h * hd)
-
-
-def placement(seqs: list[tuple[list[int], int, int]], block_size: int) -> AttentionMetadata:
-    """Host metadata for sequences given as (block table, first position, number of tokens)."""
-    positions, slots, token_seq, starts = [], [], [], [0]
-    width = max(len(t) for t, _, _ in seqs)
-    tables = np.zeros((len(seqs), width), np.int32)
-    for j, (table, first, n) in enumerate(seqs):
-        tables[j, :len(table)] = table
-        for p in range(first, first + n):
-            positions.append(p)
-            slots.append(table[p // block_size] * block_size + p % block_size)
-            token_seq.append(j)
-        starts.append(starts[-1] + n)
-    as32 = lambda a: np.asarray(a, np.int32)  # noqa: E731
-    return AttentionMetadata(as32(positions), as32(slots), as32(token_seq), tables,
-                             as32([first + n for _, first, n in seqs]), as32(starts), len(seqs),
-                             max(n for _, _, n in seqs), block_size)
 
 
 @pytest.mark.parametrize("dtype", ["f32", "q8"])

@@ -15,20 +15,10 @@ from quanta.backends.cpu.qmatmul import (
 from quanta.gguf.reader import TensorInfo
 from quanta.quant.formats import FORMATS
 
+from test_qmatmul import random_tensor
+
 ON_ISA = {isa: (CPUThreads(1, isa=isa), CPUThreads(2, isa=isa)) for isa in host_isas()}
 pytestmark = pytest.mark.skipif(not ON_ISA, reason="the int8 kernels need AVX2")
-
-
-def random_tensor(type_name: str, m: int, k: int, seed: int) -> TensorInfo:
-    """Random blocks: random bytes for the codes, random finite f16 scales."""
-    rng = np.random.default_rng(seed)
-    fmt = FORMATS[type_name]
-    raw = rng.integers(0, 256, m * k // fmt.block_size * fmt.type_size, dtype=np.uint8)
-    blocks = raw.view(fmt.block_dtype)
-    for f in fmt.fields:
-        if f.dtype == "<f2":
-            blocks[f.name] = rng.uniform(-1, 1, blocks[f.name].shape).astype(np.float16)
-    return TensorInfo("random", type_name, (m, k), 0, raw.nbytes, raw)
 
 
 def q8_reference(x: np.ndarray, t: TensorInfo) -> np.ndarray:

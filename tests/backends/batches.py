@@ -1,4 +1,4 @@
-"""Batched forwards on explicit placements, as the engine's model runner builds them (for backend comparisons)."""
+"""Batched forwards on explicit placements, as the engine's model runner builds them (CPU and CUDA backend tests)."""
 
 from __future__ import annotations
 
