@@ -3,16 +3,20 @@
 Why not numba's ``prange``: an OpenMP region ends at a barrier that every thread of the team must reach, so when
 another process holds a core, each of the ~250 regions of a decode step waits for the thread that shares that
 core to be scheduled (issue 32: 0.4 tok/s with two threads against 28 with one). Here the caller publishes a job
-and works on it too; whoever runs claims the next chunk (``compare_exchange`` on a word holding the job's sequence
-number and the next chunk), so the caller waits only for chunks already started. An idle worker spins for
+and works on it too. The chunks are dealt out in contiguous ranges, one per thread: each thread claims the chunks
+of its own range first (``compare_exchange`` on a word of its own holding the job's sequence number and the next
+chunk), then whatever is left of the others' ranges, so the caller waits only for chunks already started. While
+nobody is late each thread streams its own rows and touches only its own cache lines, as ``prange``'s static split
+does; with one shared claim word (before 2026-12-02) every chunk bounced that line and the done counter between
+the cores, and two threads were no faster than one (docs/PERF.md, session 40). An idle worker spins for
 ``SPIN_CYCLES`` (a decode step's GEMVs come every few microseconds), yielding its core to any other runnable
 thread at every poll, then sleeps on a futex until the next job.
 
-Protocol (``ctl``, int64 words a cache line apart; only the caller writes the descriptor ``job``): the caller
-writes ``job``, sets DONE = 0 and CLAIM = seq << CLAIM_BITS, then SEQ = seq, and wakes sleepers. A worker that
-sees a new SEQ claims chunks while CLAIM's upper bits still equal that seq: ``job`` cannot change while a claimed
-chunk is unfinished, so a successful claim also means the descriptor it reads is that job's. The caller returns
-once DONE reaches the chunk count.
+Protocol (``ctl``, int64 words; only the caller writes the descriptor ``job``): the caller writes ``job``, sets
+each thread t's DONE[t] = 0 and NEXT[t] = seq << CLAIM_BITS | the first chunk of t's range, then SEQ = seq, and
+wakes sleepers. A thread that sees a new SEQ claims chunks while a NEXT word's upper bits still equal that seq:
+``job`` cannot change while a claimed chunk is unfinished, so a successful claim also means the descriptor it
+reads is that job's. The caller returns once the DONE words add up to the chunk count.
 """
 
 from __future__ import annotations
@@ -31,16 +35,17 @@ from quanta.backends.cpu.kernels.atomics import (
 from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
 from quanta.backends.cpu.kernels.rows import dot_offsets, rows_dot, rows_dot_q8
 
-SEQ, CLAIM, DONE, SLEEPERS, QUIT, CALLER_CHUNKS, ALL_CHUNKS, JOBS = (8 * i for i in range(8))
+SEQ, SLEEPERS, QUIT, CALLER_CHUNKS, ALL_CHUNKS, JOBS = (8 * i for i in range(6))
+LINE = 16  # words from one thread's NEXT and DONE to the next thread's: each word on a cache line of its own
+NEXT, DONE = 64, 72  # thread t's at + LINE * t: the next chunk of its range (seq in the upper bits), chunks it did
 WINDOW = 128  # jobs between two looks at how the work was shared (a decode step has ~100-250)
-CTL_WORDS = 64
 CLAIM_BITS = 20  # chunks per job < 2**20
 SPIN_CYCLES = 300_000  # an idle worker polls ~100 us (TSC at 2-4 GHz) before it sleeps
 GEMV_Q8, GEMV_F32 = 1, 2
 # job descriptor: kind, format code, chunks, then the weight (address, rows, bytes per row), the activations
 # (rows, k, then the addresses of x or its q8 codes, scales, sums, dot starting values; the q8 statistics'
 # groups of rows), the output and Q2_K/Q3_K scratch
-KIND, FMT, CHUNKS, W, M, ROW_BYTES, N, K, X, XD, XSUM, XSTART, GROUPS, OUT, BUF = range(15)
+KIND, FMT, CHUNKS, W, M, ROW_BYTES, N, K, X, XD, XSUM, XSTART, GROUPS, OUT, BUF, THREADS = range(16)
 
 
 @njit(nogil=True)
@@ -66,17 +71,27 @@ def _run_chunk(job, c, tid, isa):
 
 @njit(nogil=True)
 def _claim_and_run(ctl, job, tid, seq, isa):
-    """Run chunks of job ``seq`` until none is left; returns how many this thread ran."""
+    """Run chunks of job ``seq`` until none is left, those of this thread's own range first (a contiguous run of
+    rows, claimed on a word only this thread touches while nobody is late), then what is left of the others'.
+    Returns how many this thread ran."""
     ran = 0
-    while True:
-        cur = atomic_load(ctl, CLAIM)
-        c = cur & ((1 << CLAIM_BITS) - 1)
-        if cur >> CLAIM_BITS != seq or c >= job[CHUNKS]:
-            return ran
-        if compare_exchange(ctl, CLAIM, cur, cur + 1):
-            _run_chunk(job, c, tid, isa)
-            atomic_add(ctl, DONE, 1)
-            ran += 1
+    nth = job[THREADS]
+    for k in range(nth):
+        r = (tid + k) % nth
+        end = (r + 1) * job[CHUNKS] // nth
+        word = NEXT + LINE * r
+        while True:
+            cur = atomic_load(ctl, word)
+            c = cur & ((1 << CLAIM_BITS) - 1)
+            if cur >> CLAIM_BITS != seq:
+                return ran  # the job is over
+            if c >= end:
+                break
+            if compare_exchange(ctl, word, cur, cur + 1):
+                _run_chunk(job, c, tid, isa)
+                atomic_add(ctl, DONE + LINE * tid, 1)
+                ran += 1
+    return ran
 
 
 @njit(nogil=True)
@@ -84,21 +99,28 @@ def _run_job(ctl, job, isa):
     """Publish the descriptor in ``job``, work on it, wait for the chunks other threads started. Returns True
     every ``WINDOW`` jobs, when the caller may look at how the chunks were shared (``WorkerPool.window_share``)."""
     seq = ctl[SEQ] + 1
-    atomic_store(ctl, DONE, 0)
-    atomic_store(ctl, CLAIM, seq << CLAIM_BITS)
+    nth, chunks = job[THREADS], job[CHUNKS]
+    for r in range(nth):  # every chunk of the last job is done: nobody adds to these any more
+        atomic_store(ctl, DONE + LINE * r, 0)
+        atomic_store(ctl, NEXT + LINE * r, (seq << CLAIM_BITS) | (r * chunks // nth))
     atomic_store(ctl, SEQ, seq)
     if atomic_load(ctl, SLEEPERS) > 0:
         futex_wake(ctl, SEQ)
     ran = _claim_and_run(ctl, job, 0, seq, isa)
     spins = 0
-    while atomic_load(ctl, DONE) < job[CHUNKS]:  # a started chunk's thread may share our core: let it run
+    while True:  # a started chunk's thread may share our core: let it run
+        done = 0
+        for r in range(nth):
+            done += atomic_load(ctl, DONE + LINE * r)
+        if done >= chunks:
+            break
         spins += 1
         if spins % 64 == 0:
             yield_cpu()
         else:
             spin_pause()
     ctl[CALLER_CHUNKS] += ran
-    ctl[ALL_CHUNKS] += job[CHUNKS]
+    ctl[ALL_CHUNKS] += chunks
     ctl[JOBS] += 1
     return ctl[JOBS] % WINDOW == 0
 
@@ -180,8 +202,9 @@ class WorkerPool:
     def __init__(self, threads: int, isa: np.integer):
         self.threads = threads
         self.isa = isa
-        self.ctl = np.zeros(CTL_WORDS, np.int64)
+        self.ctl = np.zeros(NEXT + LINE * threads, np.int64)
         self.job = np.zeros(16, np.int64)
+        self.job[THREADS] = threads
         self._workers = [threading.Thread(target=worker_loop, args=(self.ctl, self.job, tid, SPIN_CYCLES, isa), daemon=True,
                                           name=f"quanta-cpu-{tid}") for tid in range(1, threads)]
         for t in self._workers:
