@@ -146,6 +146,11 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
             hadamard(o)  # back from the values' rotation
 
 
+# the same kernel without an OpenMP region, for a decode batch too small to pay for waking the other threads
+attention_kernel_serial = numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})(
+    attention_kernel.py_func)
+
+
 def hadamard_matrix(n: int) -> np.ndarray:
     """The normalised (n, n) Walsh-Hadamard matrix (n a power of two): symmetric, its own inverse."""
     h = np.ones((1, 1), np.float32)

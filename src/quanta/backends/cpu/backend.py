@@ -24,6 +24,7 @@ from quanta.backends.cpu.kernels import rows as _rows
 from quanta.backends.cpu.kv_cache import CPUKVCache, kv_nbytes
 from quanta.gguf import TensorInfo
 
+SERIAL_ATTENTION_MAX_MACS = 1 << 20  # below this much work the decode attention runs on the calling thread alone
 BLAS_ATTENTION_MIN_ROWS = 8  # from this many queries on, sgemm over the score matrix beats the numba kernel
 
 load_without_refresh(_attention, _ops, _rows, _gemm_q8)
@@ -107,7 +108,7 @@ class CPUBackend(Backend):
             self._scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, max(longest, 2 * self._scratch.shape[1])),
                                      np.float32)
         return CPUAttentionMetadata(host.positions, host.slots, host.token_seq, host.block_tables, host.seq_lens,
-                                    starts, host.n_seqs, host.max_query_len, host.block_size, rows, chunks)
+                                    starts, host.n_seqs, host.max_query_len, host.block_size, rows, chunks, longest)
 
     def _arange(self, n: int) -> np.ndarray:
         if self._rows.size < n:
@@ -177,7 +178,9 @@ class CPUBackend(Backend):
             _attention.attention_blas(q[start:stop], k_cache, v_cache, k_scale, v_scale, meta.positions[start:stop],
                                       keys, float(scale), int(window), float(softcap), out[start:stop])
         if meta.kernel_rows.size:
-            _attention.attention_kernel(q, k_cache, v_cache, k_scale, v_scale, meta.kernel_rows, meta.positions,
+            small = meta.kernel_rows.size * n_heads * meta.kernel_context * hd < SERIAL_ATTENTION_MAX_MACS
+            kernel = _attention.attention_kernel_serial if small else _attention.attention_kernel
+            kernel(q, k_cache, v_cache, k_scale, v_scale, meta.kernel_rows, meta.positions,
                                         meta.token_seq, meta.block_tables, b, float(scale), int(window),
                                         float(softcap), self._scratch,
                                         self.buffer("_q_rows", (numba.config.NUMBA_NUM_THREADS, hd)), out)
@@ -224,7 +227,9 @@ class CPUBackend(Backend):
 @dataclass(frozen=True)
 class CPUAttentionMetadata(AttentionMetadata):
     """The batch's placement plus its split between the attention kernel (``kernel_rows``: tokens of sequences with
-    few queries) and BLAS (``blas_chunks``: (first token, end, sequence) of each many-query chunk)."""
+    few queries; ``kernel_context``: the longest context among them) and BLAS (``blas_chunks``: (first token, end,
+    sequence) of each many-query chunk)."""
 
     kernel_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     blas_chunks: tuple[tuple[int, int, int], ...] = ()
+    kernel_context: int = 0
