@@ -24,7 +24,7 @@ from quanta.backends.cpu.kernels import rows as _rows
 from quanta.backends.cpu.kv_cache import CPUKVCache, kv_nbytes
 from quanta.gguf import TensorInfo
 
-SERIAL_ATTENTION_MAX_MACS = 1 << 20  # below this much work the decode attention runs on the calling thread alone
+SERIAL_ATTENTION_MAX_MACS = 1 << 18  # below this much work the decode attention runs on the calling thread alone
 BLAS_ATTENTION_MIN_ROWS = 8  # from this many queries on, sgemm over the score matrix beats the numba kernel
 
 load_without_refresh(_attention, _ops, _rows, _gemm_q8)
