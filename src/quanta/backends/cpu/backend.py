@@ -180,10 +180,9 @@ class CPUBackend(Backend):
         if meta.kernel_rows.size:
             small = meta.kernel_rows.size * n_heads * meta.kernel_context * hd < SERIAL_ATTENTION_MAX_MACS
             kernel = _attention.attention_kernel_serial if small else _attention.attention_kernel
-            kernel(q, k_cache, v_cache, k_scale, v_scale, meta.kernel_rows, meta.positions,
-                                        meta.token_seq, meta.block_tables, b, float(scale), int(window),
-                                        float(softcap), self._scratch,
-                                        self.buffer("_q_rows", (numba.config.NUMBA_NUM_THREADS, hd)), out)
+            kernel(q, k_cache, v_cache, k_scale, v_scale, meta.kernel_rows, meta.positions, meta.token_seq,
+                   meta.block_tables, b, float(scale), int(window), float(softcap), self._scratch,
+                   self.buffer("_q_rows", (numba.config.NUMBA_NUM_THREADS, hd)), out)
         return out
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
