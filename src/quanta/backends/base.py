@@ -161,8 +161,9 @@ class Backend(ABC):
 
     def feed_tokens_into(self, ids: Array, previous: Array, source: Array) -> Array:
         """In place: ``ids[i] = previous[source[i]]`` where ``source[i] >= 0`` (int32 backend arrays)."""
-        taken = self.to_host(previous)[np.maximum(self.to_host(source), 0)]
-        self.write(ids, np.where(self.to_host(source) >= 0, taken, self.to_host(ids)).astype(np.int32))
+        src = self.to_host(source)
+        taken = self.to_host(previous)[np.maximum(src, 0)]
+        self.write(ids, np.where(src >= 0, taken, self.to_host(ids)).astype(np.int32))
         return ids
 
     # ---- ops -------------------------------------------------------------------------------------------------

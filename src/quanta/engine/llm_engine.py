@@ -181,10 +181,12 @@ class LLMEngine:
         return outputs
 
     def _register(self, seq: Sequence) -> None:
-        """Make the sequence's full blocks whose tokens are all computed and known shareable."""
+        """Make the sequence's full blocks whose tokens are all computed and known shareable (only the tokens past
+        its registered blocks are looked at: a step costs the same at any context length)."""
         known = min(seq.num_computed, len(seq.token_ids))
-        if PENDING in seq.token_ids[:known]:
-            known = seq.token_ids.index(PENDING)
+        start = len(seq.table.keys) * self.blocks.block_size
+        if PENDING in seq.token_ids[start:known]:
+            known = seq.token_ids.index(PENDING, start)
         self.blocks.register_full(seq.table, seq.token_ids, known)
 
     def _settle_draft(self, seq: Sequence, accepted: int) -> None:
