@@ -6,7 +6,6 @@ count). Every figure is the median over ``repeats`` with its min and max.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -256,7 +255,3 @@ def _breakdown(engine: QuantaEngine, prompt: list[int], cfg: BenchConfig) -> dic
     full, full_total = timed(prompt[:8], n)
     decode = {k: full.get(k, 0.0) - short.get(k, 0.0) for k in full}
     return {"prefill": per_op(prefill, prefill_total, 1), "decode": per_op(decode, full_total - short_total, n)}
-
-
-def write_json(report: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(report, indent=2))

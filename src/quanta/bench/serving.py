@@ -14,7 +14,6 @@ captured per batch-size bucket). ``vs="llama.cpp"``: the same bursts through lla
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -231,7 +230,3 @@ def plot_serving(report: dict[str, Any], path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def write_json(report: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(report, indent=2))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from quanta import prepare_cpu_runtime
     from quanta.backends import resolve_device
     from quanta.bench.report import format_table, plot
-    from quanta.bench.runner import BenchConfig, run_bench, write_json
+    from quanta.bench.runner import BenchConfig, run_bench
     from quanta.hub import resolve_model
 
     for name in ("prompt_tokens", "decode_tokens", "repeats"):
@@ -65,22 +67,22 @@ def run(args: argparse.Namespace) -> int:
                       repeats=args.repeats, threads=threads, vs=args.vs, exact=args.exact,
                       cold_start=not args.no_cold_start, busy_cores=args.busy_cores,
                       cpu_isa=args.cpu_isa, cuda=args.cuda)
-    return _report(run_bench(cfg, progress=sys.stderr.isatty()), args, format_table, write_json, plot)
+    return _report(run_bench(cfg, progress=sys.stderr.isatty()), args, format_table, plot)
 
 
-def _report(report: dict, args: argparse.Namespace, fmt: Callable, write_json: Callable, plot: Callable) -> int:
-    """Print the report's table; write its JSON and draw its plot where asked."""
+def _report(report: dict, args: argparse.Namespace, fmt: Callable, plot: Callable | None) -> int:
+    """Print the report's table; write it as JSON (``--json``) and draw its plot (``--plot``) where asked."""
     print(fmt(report))
     if args.json:
-        write_json(report, args.json)
-    if args.plot:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    if args.plot and plot is not None:
         plot(report, args.plot)
     return 0
 
 
 def _serving(args: argparse.Namespace, threads: int) -> int:
     from quanta.backends import resolve_device
-    from quanta.bench.serving import ServingConfig, format_serving, plot_serving, run_serving, write_json
+    from quanta.bench.serving import ServingConfig, format_serving, plot_serving, run_serving
     from quanta.hub import resolve_model
 
     try:
@@ -95,12 +97,10 @@ def _serving(args: argparse.Namespace, threads: int) -> int:
                                        repeats=args.repeats, threads=threads, exact=args.exact,
                                        prefix_tokens=args.prefix_tokens, vs=args.vs, cpu_isa=args.cpu_isa,
                                        cuda=args.cuda), progress=sys.stderr.isatty())
-    return _report(report, args, format_serving, write_json, plot_serving)
+    return _report(report, args, format_serving, plot_serving)
 
 
 def _speculative(args: argparse.Namespace, threads: int) -> int:
-    import json
-
     from quanta.backends import resolve_device
     from quanta.bench.speculative import SpeculativeBenchConfig, format_speculative, run_speculative
     from quanta.hub import resolve_model
@@ -109,8 +109,4 @@ def _speculative(args: argparse.Namespace, threads: int) -> int:
                                                     device=resolve_device(args.device),
                                                     decode_tokens=args.decode_tokens, repeats=args.repeats,
                                                     threads=threads, exact=args.exact))
-    print(format_speculative(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-    return 0
+    return _report(report, args, format_speculative, None)
