@@ -116,20 +116,20 @@ def test_a_request_that_cannot_fit_is_refused_alone(exact, alone):
     assert exact.generate(PROMPTS[0], **GREEDY).token_ids == alone[0]
 
 
-def test_default_mode_batched_agrees_with_alone(smollm2_path):
-    """Fast mode: prefill chunks of under 8 tokens take the GEMV kernels, longer ones the GEMM (both int8, rounding
-    differently), so a batch may flip a near-tie; decode rows are independent of the batch."""
+def test_default_mode_batched_equals_alone(smollm2_path):
+    """Fast mode too: prefill rows take the int8 GEMM and decode rows the GEMV whatever the batch (the kernels
+    round differently), so the batch (prompts packed into 32-token steps, one split, decodes beside prefills)
+    changes no sequence. The teacher-forced prefill agrees with the decode steps' choices up to near-ties."""
     fast = LLM(smollm2_path, device="cpu", n_ctx=128, max_batched_tokens=32)
     batched = [r.token_ids for r in fast.generate(PROMPTS, **GREEDY)]
-    alone = [fast.generate(p, **GREEDY).token_ids for p in PROMPTS]
+    assert batched == [fast.generate(p, **GREEDY).token_ids for p in PROMPTS]
     agree = total = 0
     for p, ids in zip(PROMPTS, batched):
         prompt = fast.tokenize(p)
-        logits = fast.logits(prompt + ids[:-1])[len(prompt) - 1:]  # alone, teacher-forced on the batch's tokens
+        logits = fast.logits(prompt + ids[:-1])[len(prompt) - 1:]  # one prefill: the GEMM for every row
         agree += int((logits.argmax(1) == np.asarray(ids)).sum())
         total += len(ids)
     assert agree / total >= 0.95
-    assert sum(a == b for a, b in zip(alone, batched)) >= len(PROMPTS) - 1
 
 
 def test_non_finite_logits_end_their_request_with_an_error(tmp_path, exact, alone):

@@ -62,7 +62,10 @@ class AttentionMetadata:
     pool slot ``slots[i]`` and attends to its sequence's positions ``<= positions[i]`` (through the sequence's row of
     ``block_tables``; entries past its blocks are undefined). ``seq_lens[j]`` is sequence j's length once this
     forward has run (its last token's position + 1). Rows of a padded batch (CUDA graphs) may repeat a harmless
-    dummy sequence. The host ints size kernel launches: ``max_query_len`` (1 for a decode-only batch)."""
+    dummy sequence. The host ints size kernel launches: ``max_query_len`` (1 for a decode-only batch).
+    ``prefill`` (host (s,) bool, or None: no prefill) marks the sequences whose chunk computes more than one token
+    of their own (a prompt chunk, a recomputation), as opposed to a decode row and its drafts: a backend may pick
+    kernels by it, so that a row's result does not depend on what else is in its batch."""
 
     positions: Array  # (n,)
     slots: Array  # (n,)
@@ -73,6 +76,7 @@ class AttentionMetadata:
     n_seqs: int
     max_query_len: int
     block_size: int
+    prefill: np.ndarray | None = None
 
 
 class Backend(ABC):

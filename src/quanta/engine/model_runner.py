@@ -91,6 +91,7 @@ class ModelRunner:
         starts = np.zeros(s + 1, np.int32)
         tables = np.zeros((s, max(len(seq.table.blocks) for seq in batch.seqs)), np.int32)
         seq_lens = np.empty(s, np.int32)
+        prefill = np.zeros(s, bool)
         rows = []
         o = 0
         for j, (seq, k) in enumerate(zip(batch.seqs, batch.num_tokens)):
@@ -100,13 +101,14 @@ class ModelRunner:
             token_seq[o:o + k] = j
             tables[j, :len(seq.table.blocks)] = seq.table.blocks
             seq_lens[j] = first + k
+            prefill[j] = k - len(seq.draft) > 1
             o += k
             starts[j + 1] = o
             if batch.samples(j):
                 rows.extend(range(o - 1 - len(seq.draft), o))
         slots = tables[token_seq, positions // b] * b + positions % b
         meta = AttentionMetadata(positions, slots.astype(np.int32), token_seq, tables, seq_lens, starts, s,
-                                 int(max(batch.num_tokens)), b)
+                                 int(max(batch.num_tokens)), b, prefill)
         return ids, meta, None if len(rows) == n else np.asarray(rows, np.int32)
 
     def _decode_inputs(self, batch: ScheduledBatch) -> tuple[np.ndarray, AttentionMetadata, None]:
@@ -137,7 +139,7 @@ class ModelRunner:
             positions = np.arange(start, start + k, dtype=np.int32)
             meta = AttentionMetadata(positions, (blocks[0, positions // b] * b + positions % b).astype(np.int32),
                                      np.zeros(k, np.int32), blocks, np.asarray([start + k], np.int32),
-                                     np.asarray([0, k], np.int32), 1, k, b)
+                                     np.asarray([0, k], np.int32), 1, k, b, np.asarray([k > 1]))
             logits = self.forward(self.backend.from_host(np.asarray(token_ids[start:start + k], np.int32)), meta, None)
             out[start:start + k] = self.backend.to_host(logits)
         return out

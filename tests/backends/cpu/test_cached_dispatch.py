@@ -60,3 +60,22 @@ def test_generating_imports_neither_numbas_registries_nor_its_allocation_module(
     brings numba.np.arrayobj back (its cached environment is rebuilt by importing the module)."""
     _fresh_run(GENERATE, str(smollm2_path))
     assert _fresh_run(GENERATE, str(smollm2_path)) == "-"
+
+
+def test_every_cached_kernel_has_its_own_disk_cache_entry():
+    """numba names a kernel's cache files after its function and line, not its compile flags: two builds of one
+    function (the serial and parallel attention) shared them, and a process loaded the other build and crashed."""
+    from numba.core.registry import CPUDispatcher
+
+    import quanta.backends.cpu.backend  # noqa: F401  (imports every kernel module)
+
+    paths: dict[str, str] = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("quanta.backends.cpu"):
+            continue
+        for attr, value in vars(module).items():
+            cache = getattr(value, "_cache", None)
+            if isinstance(value, CPUDispatcher) and hasattr(cache, "_cache_file"):
+                path = cache._cache_file._index_path
+                assert paths.setdefault(path, f"{name}.{attr}") == f"{name}.{attr}", path
+    assert any("attention_kernel_serial" in p for p in paths)

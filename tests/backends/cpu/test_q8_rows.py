@@ -10,7 +10,7 @@ import pytest
 
 from quanta.backends.cpu.kernels.isa import host_isas
 from quanta.backends.cpu.qmatmul import (
-    Q8_ACTIVATION_TYPES, CPUThreads, prepare_weight, q8_gemm_min_rows, qmatmul,
+    Q8_ACTIVATION_TYPES, CPUThreads, RowPlan, prepare_weight, q8_gemm_min_rows, qmatmul,
 )  # fmt: skip
 from quanta.gguf.reader import TensorInfo
 from quanta.quant.formats import FORMATS
@@ -67,3 +67,27 @@ def test_formats_sharing_a_shape_share_no_stale_activations(isa):
         ref = q8_reference(x, t)
         y = qmatmul(x, prepare_weight(t), threads)
         assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-5, type_name
+
+
+@pytest.mark.parametrize("isa", list(ON_ISA))
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("order", ["decodes first", "interleaved"])
+def test_a_rows_kernel_follows_what_it_is_not_its_batch(type_name, isa, order):
+    """A mixed batch under a :class:`RowPlan`: each decode row equals that row alone (the GEMV), bit for bit, and
+    each prompt chunk equals that chunk alone, however short (the GEMM), whatever else the batch holds."""
+    rng = np.random.default_rng(2)
+    k = k_for(type_name)[1]
+    w = prepare_weight(random_tensor(type_name, 256, k, seed=3))
+    chunks = [1, 1, 1, 5, 11, 1, 3] if order == "interleaved" else [1, 1, 1, 1, 5, 11, 3]
+    prefill = np.array([c > 1 for c in chunks])
+    starts = np.concatenate([[0], np.cumsum(chunks)])
+    x = rng.standard_normal((starts[-1], k)).astype(np.float32)
+    for threads in ON_ISA[isa]:
+        batched = qmatmul(x, w, threads, plan=RowPlan(starts, prefill))
+        for j, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
+            alone = qmatmul(x[a:b], w, threads, plan=RowPlan(np.array([0, b - a]), prefill[j:j + 1]))
+            np.testing.assert_array_equal(batched[a:b], alone, err_msg=f"chunk {j} of {chunks}")
+        decode_rows = np.flatnonzero(np.repeat(~prefill, chunks))
+        np.testing.assert_array_equal(batched[decode_rows], qmatmul(x[decode_rows], w, threads))
+        five = slice(starts[chunks.index(5)], starts[chunks.index(5) + 1])
+        assert not np.array_equal(qmatmul(x[five], w, threads), batched[five])  # without a plan: the GEMV

@@ -21,6 +21,7 @@ other sequences of its batch.
 from __future__ import annotations
 
 import math
+import types
 
 import numba
 import numpy as np
@@ -146,9 +147,18 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
             hadamard(o)  # back from the values' rotation
 
 
+def _renamed(func, name: str):
+    """A copy of ``func`` under another name. numba keys its disk cache by a function's name and line, not by its
+    compile flags: two builds of one function share an index, and either may load the other's code (the parallel
+    build in the serial dispatcher crashed a process)."""
+    copy = types.FunctionType(func.__code__.replace(co_name=name, co_qualname=name), func.__globals__, name)
+    copy.__qualname__ = name
+    return copy
+
+
 # the same kernel without an OpenMP region, for a decode batch too small to pay for waking the other threads
 attention_kernel_serial = numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})(
-    attention_kernel.py_func)
+    _renamed(attention_kernel.py_func, "attention_kernel_serial"))
 
 
 def hadamard_matrix(n: int) -> np.ndarray:

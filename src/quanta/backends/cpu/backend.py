@@ -50,6 +50,7 @@ class CPUBackend(Backend):
         self._buffers: dict[str, np.ndarray] = {}
         self._scratch = np.zeros((0, 0), np.float32)  # per-thread score rows of the attention kernel
         self._rows = np.zeros(0, np.int32)
+        self._plan: _qmatmul.RowPlan | None = None  # the chunks of the forward described last (metadata())
 
     def set_threads(self, n: int) -> None:
         if getattr(self, "_threads", None) is not None:
@@ -91,8 +92,10 @@ class CPUBackend(Backend):
         return kv_nbytes(shape, "f32" if dtype == "auto" else dtype)
 
     def metadata(self, host: AttentionMetadata) -> CPUAttentionMetadata:
-        """``host`` plus which tokens the numba kernel takes and which sequences' chunks go to BLAS."""
+        """``host`` plus which tokens the numba kernel takes and which sequences' chunks go to BLAS. The forward
+        it describes picks its matmul kernels by its prefill rows (``qmatmul.RowPlan``)."""
         starts = host.query_starts
+        self._plan = _qmatmul.RowPlan(starts, host.prefill) if host.prefill is not None and host.prefill.any() else None
         large = np.flatnonzero(np.diff(starts) >= BLAS_ATTENTION_MIN_ROWS) if host.max_query_len >= \
             BLAS_ATTENTION_MIN_ROWS else ()
         if len(large) == 0:
@@ -108,7 +111,8 @@ class CPUBackend(Backend):
             self._scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, max(longest, 2 * self._scratch.shape[1])),
                                      np.float32)
         return CPUAttentionMetadata(host.positions, host.slots, host.token_seq, host.block_tables, host.seq_lens,
-                                    starts, host.n_seqs, host.max_query_len, host.block_size, rows, chunks, longest)
+                                    starts, host.n_seqs, host.max_query_len, host.block_size, host.prefill,
+                                    kernel_rows=rows, blas_chunks=chunks, kernel_context=longest)
 
     def _arange(self, n: int) -> np.ndarray:
         if self._rows.size < n:
@@ -126,10 +130,10 @@ class CPUBackend(Backend):
     def matmul(self, x: np.ndarray, w: _qmatmul.QWeight, *, out: np.ndarray | None = None,
                residual: np.ndarray | None = None, bias: np.ndarray | None = None) -> np.ndarray:
         if residual is None:
-            y = _qmatmul.qmatmul(x, w, self._threads, exact=self.exact, out=out)
+            y = _qmatmul.qmatmul(x, w, self._threads, exact=self.exact, out=out, plan=self._plan)
         else:  # the product goes to scratch first: out may be the residual itself
             scratch = self.buffer("_matmul_residual", (x.shape[0], w.shape[0]))
-            y = _qmatmul.qmatmul(x, w, self._threads, exact=self.exact, out=scratch)
+            y = _qmatmul.qmatmul(x, w, self._threads, exact=self.exact, out=scratch, plan=self._plan)
         if bias is not None:
             _ops.add_rows(y, bias)
         if residual is None:

@@ -250,16 +250,47 @@ def q8_gemm_min_rows(isa: str | None, type_name: str) -> int:
     return Q6_K_GEMM_MIN_ROWS if type_name == "Q6_K" else Q8_GEMM_MIN_ROWS
 
 
+class RowPlan:
+    """Which rows of one forward are prefill and which are decode, for fast mode to pick each row's kernel by
+    what the row is, not by how many rows its batch has: its result then does not depend on the batch.
+
+    Fast mode's q8 GEMV and GEMM round differently (and each layer's q8 requantization amplifies the difference
+    into flipped near-ties). By the batch's row count alone, a decode row beside a prefill chunk went through the
+    GEMM, and a 5-token prompt through the GEMM when packed with others but the GEMV alone. With a plan, prefill
+    rows always take the GEMM and decode rows (a sequence's one new token, plus its drafts) the GEMV, until they
+    are enough for a GEMM of their own (a decode batch of that many sequences then goes to the GEMM)."""
+
+    def __init__(self, chunk_starts: np.ndarray, prefill: np.ndarray):
+        """``chunk_starts``: ``AttentionMetadata.query_starts``; ``prefill``: (s,) bool, per sequence's chunk."""
+        lens = np.diff(chunk_starts)
+        self.n = int(chunk_starts[-1])
+        mask = np.repeat(np.asarray(prefill, bool), lens)
+        self.n_decode = self.n - int(mask.sum())
+        if mask[self.n_decode:].all():  # the scheduler puts decodes first
+            self.decode, self.prefill = slice(0, self.n_decode), slice(self.n_decode, self.n)
+        else:
+            self.decode, self.prefill = np.flatnonzero(~mask), np.flatnonzero(mask)
+
+    def groups(self, gemm_rows: int) -> list[tuple[np.ndarray | slice, bool]]:
+        """(rows, whether they take the GEMM) for a weight whose GEMM pays from ``gemm_rows`` rows on."""
+        if self.n_decode == self.n:
+            return [(slice(0, self.n), self.n >= gemm_rows)]
+        if self.n_decode == 0 or self.n_decode >= gemm_rows:
+            return [(slice(0, self.n), True)]
+        return [(self.decode, False), (self.prefill, True)]
+
+
 def _is_f32_c(a: np.ndarray) -> bool:
     return a.dtype == np.float32 and a.flags.c_contiguous
 
 
 def qmatmul(x: np.ndarray, w: QWeight, threads: CPUThreads, *, exact: bool = False,
-            out: np.ndarray | None = None) -> np.ndarray:
+            out: np.ndarray | None = None, plan: RowPlan | None = None) -> np.ndarray:
     """``x @ dequantize(W).T`` for float32 ``x`` of shape (n, k) on ``threads``; returns (n, m) float32.
 
     ``exact`` keeps activations and accumulation in fp32 (the oracle mode); the default fast mode may quantize
-    activations to 8 bits for integer dot products.
+    activations to 8 bits for integer dot products. ``plan``: which of a forward's rows are prefill and which
+    decode (fast mode picks each row's kernel by it; applies when ``x`` has the plan's rows).
     """
     m, k = w.shape
     if x.ndim != 2 or x.shape[1] != k:
@@ -274,27 +305,45 @@ def qmatmul(x: np.ndarray, w: QWeight, threads: CPUThreads, *, exact: bool = Fal
     q8 = not exact and w.type in threads.q8_types
     if w.fmt < 0:
         _float_gemm(x, w, out, threads)
-    elif n >= (q8_gemm_min_rows(threads.isa, w.type) if q8 else GEMM_MIN_ROWS):
+    elif q8 and plan is not None and plan.n == n:
+        for rows, gemm in plan.groups(q8_gemm_min_rows(threads.isa, w.type)):
+            if isinstance(rows, slice):
+                _quantized_product(x[rows], w, out[rows], threads, q8, gemm)
+            else:
+                part = np.empty((len(rows), m), np.float32)
+                _quantized_product(x[rows], w, part, threads, q8, gemm)
+                out[rows] = part
+    else:
+        _quantized_product(x, w, out, threads, q8, n >= (q8_gemm_min_rows(threads.isa, w.type) if q8 else
+                                                          GEMM_MIN_ROWS))
+    return out
+
+
+def _quantized_product(x: np.ndarray, w: QWeight, out: np.ndarray, threads: CPUThreads, q8: bool,
+                       gemm: bool) -> None:
+    """``out = x @ dequantize(W).T`` by the GEMM kernels (``gemm``) or the GEMV ones, q8 activations or fp32."""
+    n, m, k = x.shape[0], *w.shape
+    if gemm:
         if q8 and _is_f32_c(out) and _has_int8_gemm(threads.isa, w.type):
             _gemm_int8(x, w, out, threads)
         else:
             _gemm(x, w, out, threads)
-    else:  # the GEMV kernels are compiled for C-contiguous float32 outputs only
-        target = out if _is_f32_c(out) else np.empty((n, m), np.float32)
-        pool, chunks = threads.workers, min(m, threads.chunks)
-        isa = threads.token
-        with threads.gemv_lock:
-            if q8:
-                window = _workers.gemv_q8(isa, pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks,
-                                          *_q8_buffers(n, k))
-            else:
-                window = _workers.gemv(isa, pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks,
-                                       *_gemv_buffers(n, k, threads.n))
-        if window and threads.n > 1:
-            threads.adapt()
-        if target is not out:
-            out[...] = target
-    return out
+        return
+    # the GEMV kernels are compiled for C-contiguous float32 outputs only
+    target = out if _is_f32_c(out) else np.empty((n, m), np.float32)
+    pool, chunks = threads.workers, min(m, threads.chunks)
+    isa = threads.token
+    with threads.gemv_lock:
+        if q8:
+            window = _workers.gemv_q8(isa, pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks,
+                                      *_q8_buffers(n, k))
+        else:
+            window = _workers.gemv(isa, pool.ctl, pool.job, w.fmt, w.raw2d, x, target, chunks,
+                                   *_gemv_buffers(n, k, threads.n))
+    if window and threads.n > 1:
+        threads.adapt()
+    if target is not out:
+        out[...] = target
 
 
 def qembed(w: QWeight, ids: np.ndarray) -> np.ndarray:
