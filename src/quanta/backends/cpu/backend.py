@@ -50,7 +50,7 @@ class CPUBackend(Backend):
         self._buffers: dict[str, np.ndarray] = {}
         self._scratch = np.zeros((0, 0), np.float32)  # per-thread score rows of the attention kernel
         self._rows = np.zeros(0, np.int32)
-        self._plan: _qmatmul.RowPlan | None = None  # the chunks of the forward described last (metadata())
+        self._plan: _qmatmul.RowPlan | None = None  # prefill and decode rows of the forward metadata() described last
 
     def set_threads(self, n: int) -> None:
         if getattr(self, "_threads", None) is not None:
