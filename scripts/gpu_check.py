@@ -154,14 +154,54 @@ def single(run: Run, label: str, src: str) -> None:
                            f"{r['prefill_tok_s']:,.0f} tok/s, TTFT {r['ttft_ms']:.1f} ms")
 
 
-def kernels(run: Run) -> None:
-    """Decode matmul GPU time per step of TinyLlama's shapes (22 layers and the lm head) by route and row count: each
-    route's matmuls of one step captured in a CUDA graph, its replays timed with events (a single small matmul
-    timed alone measures Python's launch overhead, not the kernel)."""
+SPLIT_VARIANTS = {  # the split-K GEMM's tile and waves, tried on decode batches: name -> (tile changes, SPLIT_WAVES)
+    "waves 4": ({}, 4), "waves 8": ({}, 8), "BK 128": ({"BK": 128}, 2), "BM 16": ({"BM": 16}, 2),
+    "8 warps": ({"num_warps": 8}, 2), "4 stages": ({"num_stages": 4}, 2), "BM 16 waves 4": ({"BM": 16}, 4)}
+
+
+def _matmul_step_ms(weights: list, m: int, fn: Any, scratch: Any = None) -> float:
+    """GPU ms of one decode step's matmuls (``weights``: (weight, count) pairs) through ``fn(w, x, xq, ep)``, m
+    rows, captured in one graph and replayed (median of 10); the lm head too large for ``scratch`` takes the
+    plain GEMM."""
     import torch
 
-    from quanta.backends.cuda import batch_gemv, gemm, q8gemv
-    from quanta.backends.cuda.qmatmul import _Epilogue, _gemv
+    from quanta.backends.cuda import gemm, q8gemv
+    from quanta.backends.cuda.qmatmul import _Epilogue
+
+    x = torch.randn(m, 5632, device="cuda")
+    calls = []
+    for w, count in weights:
+        f = fn
+        if scratch is not None and w.n * w.k > scratch.numel():
+            f = lambda w, xs, xq, ep: gemm.gemm(xs, w, ep, False)  # noqa: E731
+        xs = x[:, :w.k].contiguous()
+        calls += [(f, w, xs, q8gemv.quantize(xs), _Epilogue(torch.empty(m, w.n, device="cuda"), None, None, None,
+                                                            w.n))] * count
+    for f, w, xs, xq, ep in calls[:len(weights) * 22:22] + calls[-1:]:
+        f(w, xs, xq, ep)  # compiled before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f, w, xs, xq, ep in calls:
+            f(w, xs, xq, ep)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+def kernels(run: Run) -> None:
+    """Decode matmul GPU time per step of TinyLlama's shapes (22 layers and the lm head) by route and row count
+    (``_matmul_step_ms``: a single small matmul timed alone measures Python's launch overhead, not the kernel), and
+    the split-K GEMM's variants (SPLIT_VARIANTS) at a few row counts."""
+    import torch
+
+    from quanta.backends.cuda import gemm, q8gemv
     from quanta.backends.cuda.repack import repack
     from quanta.synth.random_weights import random_tensor
 
@@ -172,42 +212,26 @@ def kernels(run: Run) -> None:
         weights = [(repack(torch.from_numpy(random_tensor(t, (n, k), rng)).cuda(), t, (n, k)), count)
                    for n, k, t, count in shapes]
         scratch = torch.empty(11264 * 2048, dtype=torch.bfloat16, device="cuda")
+        split_waves = gemm.SPLIT_WAVES
         table: dict[str, dict[int, float]] = {}
         for m in ROWS:
-            x = torch.randn(m, 5632, device="cuda")
-            routes = {"gemm": lambda w, xs, xq, ep: gemm.gemm(xs, w, ep, False),
-                      "dequant": lambda w, xs, xq, ep: gemm.gemm(xs, w, ep, False, scratch=scratch)}
-            if m == 1:
-                routes["gemv_q8"] = lambda w, xs, xq, ep: q8gemv.gemv_q8(xq, w, ep, True)
-            if 1 < m <= 64:
-                routes["batch"] = lambda w, xs, xq, ep: batch_gemv.batch_gemv_q8(xq, w, ep, True)
-            if 1 < m <= 8:
-                routes["gemv_q8 x m"] = lambda w, xs, xq, ep: q8gemv.gemv_q8(xq, w, ep, True)
-            if m <= 4:
-                routes["gemv float"] = lambda w, xs, xq, ep: _gemv(xs, w, ep, True)
-            for name, fn in routes.items():
-                calls = []
-                for w, count in weights:
-                    f = routes["gemm"] if name == "dequant" and w.n * w.k > scratch.numel() else fn  # (lm head)
-                    xs = x[:, :w.k].contiguous()
-                    calls += [(f, w, xs, q8gemv.quantize(xs),
-                               _Epilogue(torch.empty(m, w.n, device="cuda"), None, None, None, w.n))] * count
-                for f, w, xs, xq, ep in calls[:len(weights) * 22:22] + calls[-1:]:
-                    f(w, xs, xq, ep)  # compiled before the capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for f, w, xs, xq, ep in calls:
-                        f(w, xs, xq, ep)
-                times = []
-                for _ in range(10):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    graph.replay()
-                    end.record()
-                    torch.cuda.synchronize()
-                    times.append(start.elapsed_time(end))
-                table.setdefault(name, {})[m] = float(np.median(times))
+            routes = {"gemm": (lambda w, xs, xq, ep: gemm.gemm(xs, w, ep, False), None),
+                      "dequant": (lambda w, xs, xq, ep: gemm.gemm(xs, w, ep, False, scratch=scratch), scratch)}
+            if m <= 16:
+                routes["gemv_q8"] = (lambda w, xs, xq, ep: q8gemv.gemv_q8(xq, w, ep, True), None)
+            for name, (fn, scratch_of) in routes.items():
+                table.setdefault(name, {})[m] = _matmul_step_ms(weights, m, fn, scratch_of)
+            if m in (4, 16, 64):
+                for name, (change, waves) in SPLIT_VARIANTS.items():
+                    tile = {**gemm.GEMM_TILES[("fast", gemm.row_class(m))], **change}
+                    gemm.SPLIT_WAVES = waves
+                    try:
+                        table.setdefault(f"gemm {name}", {})[m] = _matmul_step_ms(
+                            weights, m, lambda w, xs, xq, ep: gemm.gemm(xs, w, ep, False, tile))
+                    except Exception as e:  # noqa: BLE001 - a tile that does not compile is a result too
+                        run.say(f"   {name} at {m} rows: {type(e).__name__}: {str(e)[:200]}")
+                    finally:
+                        gemm.SPLIT_WAVES = split_waves
             run.say(f"   rows {m:>3}: " + ", ".join(f"{k} {v[m]:.3f} ms" for k, v in table.items() if m in v))
         run.results["matmul_ms_per_step"] = table
 
@@ -226,7 +250,7 @@ def graph_times(run: Run) -> None:
         vocab = llm.config.vocab_size
         rng = np.random.default_rng(0)
         rows = {}
-        for c in (1, 4, 16, 64):
+        for c in (1, 4, 8, 16, 32, 64):
             prompts = [rng.integers(1000, vocab - 4000, 128).tolist() for _ in range(c)]
             run_burst(llm.engine, prompts, 8)  # captures the bucket
             burst = run_burst(llm.engine, prompts, 128)

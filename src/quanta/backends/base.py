@@ -110,6 +110,12 @@ class Backend(ABC):
     def to_host(self, a: Array) -> np.ndarray:
         """A numpy copy (or view on the CPU) of a backend array."""
 
+    def to_host_later(self, a: Array) -> Callable[[], np.ndarray]:
+        """A copy of ``a`` to the host, queued now behind the work that writes it; calling the result waits for
+        that copy alone (not for work queued after it) and returns it. The default copies at once."""
+        host = self.to_host(a)
+        return lambda: host
+
     def metadata(self, host: AttentionMetadata) -> AttentionMetadata:
         """``host`` (numpy arrays) as backend arrays."""
         arrays = {f: self.from_host(np.ascontiguousarray(getattr(host, f), np.int32))

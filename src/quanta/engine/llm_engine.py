@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Sequence as Seq
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ class Launched:
     sampling: list[Sequence]
     indices: list[int]
     tokens: Any = None
+    read_tokens: Callable[[], np.ndarray] | None = None
     host_tokens: list[list[int]] | None = None
     logprobs: list[list[TokenLogprob]] | None = None
     rows: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -136,6 +137,7 @@ class LLMEngine:
         launched = Launched(batch, sampling, [])
         if sampling and all(on_device(seq) for seq in sampling):
             launched.tokens = self.sampler.on_device(logits)
+            launched.read_tokens = self.backend.to_host_later(launched.tokens)
         elif sampling:  # before the reservations: penalties read the context
             launched.host_tokens, launched.logprobs = self.sampler.sample(logits, sampling)
         self.scheduler.postprocess(batch)
@@ -147,8 +149,7 @@ class LLMEngine:
         """Read ``launched``'s tokens and hand them to their sequences (stops, text, finishing)."""
         tokens = launched.host_tokens
         if tokens is None:
-            tokens = [[int(t)] if t >= 0 else [] for t in self.backend.to_host(launched.tokens)] \
-                if launched.sampling else []
+            tokens = [[int(t)] if t >= 0 else [] for t in launched.read_tokens()] if launched.read_tokens else []
         logprobs = launched.logprobs or [[] for _ in tokens]
         outputs = []
         for seq, index, new, lps in zip(launched.sampling, launched.indices, tokens, logprobs):

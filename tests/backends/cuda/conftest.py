@@ -34,9 +34,8 @@ def few_programs(monkeypatch: pytest.MonkeyPatch) -> None:
     the interpreter runs them one by one. On a GPU the tuned tiles stay."""
     if HAS_CUDA:
         return
-    from quanta.backends.cuda import batch_gemv, q8gemv, qmatmul
+    from quanta.backends.cuda import q8gemv, qmatmul
 
     for table in (qmatmul.GEMV_CONFIG, q8gemv.Q8_CONFIG):
         for key in list(table):
             monkeypatch.setitem(table, key, {"BN": 32, "BJ": 8, "num_warps": 1})
-    monkeypatch.setattr(batch_gemv, "MIN_PROGRAMS", 1)

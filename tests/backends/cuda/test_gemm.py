@@ -8,7 +8,7 @@ import pytest
 import torch
 from random_blocks import ALL_TYPES, gguf_reference, random_raw
 
-from quanta.backends.cuda.gemm import dequantize_words, gemm
+from quanta.backends.cuda.gemm import GEMM_TILES, dequantize_words, gemm, k_splits
 from quanta.backends.cuda.qmatmul import _Epilogue
 from quanta.backends.cuda.repack import fuse, repack
 
@@ -86,6 +86,45 @@ def test_fused_split_outputs_with_biases(type_name: str, device: str) -> None:
 
 
 
+def test_k_split_rule() -> None:
+    """Fast mode splits K while the output tiles fill fewer than SPLIT_WAVES (4) waves of the multiprocessors, each
+    split at least four K steps; exact mode never splits."""
+    tiny = GEMM_TILES[("fast", "tiny")]
+    assert k_splits(16, 2048, 2048, tiny, False, 132) == (8, 256)  # 32 tiles, 32 K steps
+    assert k_splits(16, 2048, 5632, tiny, False, 132) == (15, 384)  # 88 steps: 15 splits of 6 (the last of 4)
+    assert k_splits(16, 11264, 2048, tiny, False, 132) == (3, 704)  # 176 tiles
+    assert k_splits(16, 32000, 2048, tiny, False, 132) == (2, 1024)  # 500 tiles
+    assert k_splits(16, 64000, 2048, tiny, False, 132) == (1, 2048)  # 1,000 tiles: four waves already
+    assert k_splits(16, 64, 192, tiny, False, 132) == (1, 192)  # too short to split
+    assert k_splits(16, 2048, 2048, GEMM_TILES[("exact", "tiny")], True, 132)[0] == 1
+
+
+@pytest.mark.parametrize("type_name,sms,splits", [("Q4_K", 132, 4), ("Q5_0", 132, 4), ("Q4_K", 1, 3)])
+def test_split_k_sums_then_applies_the_epilogue(type_name: str, sms: int, splits: int, device: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split K (16 steps: 4 splits of 4; on one multiprocessor 3 splits of 6, so a split starts inside a K-quant
+    super-block), the partials summed before the epilogue: a bias and a residual that is the output itself, or a
+    bias and three split outputs."""
+    from quanta.backends.cuda import gemm as gemm_module
+
+    monkeypatch.setattr(gemm_module, "_sms", lambda device: sms)
+    monkeypatch.setattr(gemm_module, "SPLIT_WAVES", 3)
+    m, k, widths = 5, 1024, (40, 16, 8)
+    n = sum(widths)
+    assert gemm_module.k_splits(m, n, k, GEMM_TILES[("fast", "tiny")], False, sms)[0] == splits
+    w, ref_w = _weight(type_name, n, k, device, seed=8)
+    rng = np.random.default_rng(9)
+    x, res, b = rng.standard_normal((m, k)), rng.standard_normal((m, n)), rng.standard_normal(n)
+    want = x @ ref_w.T + b
+    xt, bias = torch.from_numpy(x.astype(np.float32)).to(device), torch.from_numpy(b.astype(np.float32)).to(device)
+    out = torch.from_numpy(res.astype(np.float32)).to(device)
+    gemm(xt, w, _Epilogue(out, out, bias, None, n), False)
+    assert _rel(out, want + res) < BF16_TOL
+    outs = [torch.full((m, c), float("nan"), device=device) for c in widths]
+    gemm(xt, w, _Epilogue(outs[0], None, bias, outs, n), False)
+    assert _rel(torch.cat(outs, dim=1), want) < BF16_TOL
+
+
 @pytest.mark.parametrize("type_name", QUANTIZED)
 def test_gemm_through_a_dequantized_scratch(type_name: str, device: str) -> None:
     """Fast mode from DEQUANT_MIN_ROWS rows: the weight dequantized into a bf16 scratch in word order (column
@@ -120,3 +159,25 @@ def test_dequantized_gemm_into_split_outputs_and_the_residual(device: str) -> No
     (w, ref_w), out = parts[0], outs[0]  # the o- and down-projections: the output is its own residual
     gemm(xt, w, _Epilogue(out, out, None, None, w.n), False, DENSE_TILE, scratch=scratch)
     assert _rel(out, 2 * (x.astype(np.float64) @ ref_w.T) + biases[0]) < BF16_TOL
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_split_k_in_a_captured_graph_equals_eager() -> None:
+    """The partials of a split-K GEMM allocated inside a CUDA graph capture (the decode graphs of 8-64 rows): its
+    replays equal the eager product, bit for bit."""
+    m, n, k = 16, 256, 2048
+    w, _ = _weight("Q4_K", n, k, "cuda", seed=11)
+    assert k_splits(m, n, k, GEMM_TILES[("fast", "tiny")], False, 132)[0] > 1
+    x = torch.randn(m, k, device="cuda")
+    want = torch.empty(m, n, device="cuda")
+    gemm(x, w, _Epilogue(want, None, None, None, n), False)
+    out = torch.empty(m, n, device="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm(x, w, _Epilogue(out, None, None, None, n), False)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)

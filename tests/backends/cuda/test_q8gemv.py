@@ -10,7 +10,7 @@ from random_blocks import ALL_TYPES, gguf_reference, random_raw
 
 from quanta.backends.cuda import activation, norm
 from quanta.backends.cuda import q8gemv as q8
-from quanta.backends.cuda.qmatmul import qmatmul
+from quanta.backends.cuda.qmatmul import INT8_MAX_ROWS, qmatmul
 from quanta.backends.cuda.repack import repack
 
 QUANTIZED = [t for t in ALL_TYPES if t not in ("F16", "BF16", "F32")]
@@ -176,3 +176,34 @@ def test_default_mode_decode_close_to_cpu_exact(arch: str, types: dict, head_dim
     assert calls, "the int8 GEMV did not run"
     assert (len(fallbacks) == 0) == (head_dim == 32)  # head dim 16: the o-projection quantizes its input
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.03
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_0"])
+def test_rows_do_not_depend_on_their_batch(type_name: str, device: str) -> None:
+    """A row's output is the same, bit for bit, whatever rows share its batch, and however many."""
+    n, k = 16, 256
+    raw = random_raw(type_name, n, k, np.random.default_rng(5))
+    w = repack(torch.from_numpy(raw.copy()).to(device), type_name, (n, k))
+    x = torch.from_numpy(np.random.default_rng(6).standard_normal((INT8_MAX_ROWS, k)).astype(np.float32)).to(device)
+
+    def product(x: torch.Tensor) -> torch.Tensor:
+        return qmatmul(x, w, xq=q8.quantize(x))
+
+    full = product(x)
+    for rows in ([3, 1], [INT8_MAX_ROWS - 1, 0, 4, 2]):
+        assert torch.equal(product(x[rows].contiguous()), full[rows])
+
+
+def test_qmatmul_sends_small_batches_to_it(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to INT8_MAX_ROWS rows with an int8 copy: the int8 GEMV; more: the tensor-core GEMM."""
+    from quanta.backends.cuda import gemm
+
+    raw = random_raw("Q4_0", 16, 256, np.random.default_rng(7))
+    w = repack(torch.from_numpy(raw.copy()).to(device), "Q4_0", (16, 256))
+    ran = []
+    monkeypatch.setattr(q8, "gemv_q8", lambda *a, **kw: ran.append("gemv"))
+    monkeypatch.setattr(gemm, "gemm", lambda *a, **kw: ran.append("gemm"))
+    for m in (1, 2, INT8_MAX_ROWS, INT8_MAX_ROWS + 1):
+        x = torch.zeros((m, 256), device=device)
+        qmatmul(x, w, xq=q8.Q8Activation.empty(m, 256, torch.device(device)) if m <= INT8_MAX_ROWS else None)
+    assert ran == ["gemv", "gemv", "gemv", "gemm"]

@@ -52,11 +52,10 @@ def _decode(be, model, fuse: bool, rows: int) -> tuple[np.ndarray, ...]:
                          + [(*CASES[0], False, 2), (*CASES[2], False, 2), (*CASES[0], True, 2)])
 def test_rope_in_the_qkv_epilogue(arch: str, types: dict, shape: dict, fits: bool, exact: bool, rows: int,
                                   tmp_path: Path, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from quanta.backends.cuda import batch_gemv, q8gemv, qmatmul
+    from quanta.backends.cuda import q8gemv, qmatmul
     from quanta.backends.cuda.backend import CUDABackend
 
     if device == "cpu":  # wide tiles of the same parity: the interpreter runs the programs one by one
-        monkeypatch.setattr(batch_gemv, "MIN_PROGRAMS", 1)
         for table in (qmatmul.GEMV_CONFIG, q8gemv.Q8_CONFIG):
             for key, cfg in list(table.items()):
                 monkeypatch.setitem(table, key, {"BN": 32 if cfg["BN"] % 2 == 0 else 1, "BJ": 8, "num_warps": 1})

@@ -78,7 +78,7 @@ class CUDABackend(Backend):
     def __init__(self, device: str | torch.device = "cuda", *, exact: bool = False, graphs: bool = True,
                  q8: bool = True, pdl: bool | None = None):
         """``exact``: every matmul and attention in IEEE fp32, KV cache in fp32. Otherwise prefill matmuls run on
-        bf16 tensor cores, decode matmuls of up to INT8_MAX_ROWS rows on int8 activations (q8gemv.py, batch_gemv.py;
+        bf16 tensor cores, decode matmuls of up to INT8_MAX_ROWS rows on int8 activations (q8gemv.py;
         ``q8=False``: float activations), the KV cache is fp16 and attention multiplies on tensor cores
         (flash_decode.py's ``_dot``). ``graphs``: :meth:`capture` records CUDA graphs. ``pdl``: programmatic
         dependent launch (pdl.py); None: on where the GPU has it (sm_90+), never under the interpreter."""
@@ -173,6 +173,22 @@ class CUDABackend(Backend):
 
     def to_host(self, a: torch.Tensor) -> np.ndarray:
         return a.detach().cpu().numpy()
+
+    def to_host_later(self, a: torch.Tensor) -> Callable[[], np.ndarray]:
+        """See Backend.to_host_later: into pinned memory, behind an event (``to_host`` would wait for every step
+        queued since: a step queued ahead would never overlap the host's work)."""
+        if self.device.type != "cuda":
+            return super().to_host_later(a)
+        pinned = torch.empty(a.shape, dtype=a.dtype, pin_memory=True)
+        pinned.copy_(a, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def read() -> np.ndarray:
+            done.synchronize()
+            return pinned.numpy()
+
+        return read
 
     def write(self, dst: torch.Tensor, host: np.ndarray) -> torch.Tensor:
         """Copy ``host`` into the device array ``dst`` in place (same size and dtype): the inputs a captured graph

@@ -1,7 +1,7 @@
 """Copies of activations in the form the next matmul reads, written by the op that produces the activations.
 
 Decode (up to ``INT8_MAX_ROWS`` rows: one sequence or a small decode batch): int8 with a scale per 32 values for
-the int8 GEMVs (q8gemv.py, batch_gemv.py), one storage per float buffer. More rows (decode batches, prefill; fast
+the int8 GEMV (q8gemv.py), one storage per float buffer. More rows (decode batches, prefill; fast
 mode): bf16 in the GEMM's word order (gemm.py's ``word_order``), in one scratch shared by every activation, so in one
 order: that of the 4-bit codes when most of the model's matrices hold
 them, of the 8-bit codes when most hold those, else none (the matrices of another kind, and a matmul whose input

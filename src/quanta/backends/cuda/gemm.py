@@ -35,22 +35,24 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from quanta.backends.cuda.codes import high_fields, high_words, slot_value
-from quanta.backends.cuda.dense_gemm import dense_gemm
+from quanta.backends.cuda.dense_gemm import _sms, dense_gemm
 from quanta.backends.cuda.qmatmul import _Epilogue, _epilogue, _meta, _planes
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight
 
 # Tiles per (mode, activation-row class); BM is the activation-row tile, BN the weight-row tile, BK the K step.
 # Fast mode: from the H200 sweep of scripts/gpu_gemm.py (SWAP wins for 4-bit codes, and non-swapped 4-bit tiles do
-# not compile on triton 3.6); exact mode: fp32 FMA dots, tiles small enough not to spill.
+# not compile on triton 3.6), "tiny" (decode batches of up to 16 rows) from GPU run 208; exact mode: fp32 FMA dots, tiles small enough not to spill.
 GEMM_TILES = {
     ("fast", "huge"): {"BM": 256, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 8, "num_stages": 3},
     ("fast", "large"): {"BM": 128, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 4, "num_stages": 3},
     ("fast", "medium"): {"BM": 64, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 4, "num_stages": 3},
     ("fast", "small"): {"BM": 32, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 4, "num_stages": 3},
+    ("fast", "tiny"): {"BM": 16, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 4, "num_stages": 3},
     ("exact", "huge"): {"BM": 32, "BN": 64, "BK": 32, "SWAP": False, "num_warps": 4, "num_stages": 2},
     ("exact", "large"): {"BM": 32, "BN": 64, "BK": 32, "SWAP": False, "num_warps": 4, "num_stages": 2},
     ("exact", "medium"): {"BM": 32, "BN": 64, "BK": 32, "SWAP": False, "num_warps": 4, "num_stages": 2},
     ("exact", "small"): {"BM": 16, "BN": 64, "BK": 32, "SWAP": False, "num_warps": 4, "num_stages": 2},
+    ("exact", "tiny"): {"BM": 16, "BN": 64, "BK": 32, "SWAP": False, "num_warps": 4, "num_stages": 2},
 }
 
 
@@ -58,16 +60,23 @@ GEMM_TILES = {
 # (dequantize_words) and then multiplied as a dense matrix (dense_gemm.py): the fused kernel dequantizes each
 # weight once per BM activation rows and is bound by those instructions; dequantizing and this kernel's dense path
 # took 0.6-0.75x its time from 64 to 2,048 rows on the benchmark models' layers (H200, GPU runs 124-125), and
-# prefill gained 22-69% (run 126); the TMA kernel since is faster still. Below 64 rows (decode batches) both read
-# each weight once per step and the fused kernel stays bound by its dequantizing, so the dequantized route is kept
-# down to qmatmul's int8 GEMVs (not measured there yet). Matrices of more than DEQUANT_MAX_WEIGHTS weights (large lm
+# prefill gained 22-69% (run 126); the TMA kernel since is faster still. Decode batches (more rows than qmatmul's
+# int8 GEMV takes, fewer than DEQUANT_MIN_ROWS) read each weight once in the fused kernel, its K split so that a
+# batch's few output tiles still fill the multiprocessors (k_splits): the dequantized route writes and reads 4
+# more bytes per weight (TinyLlama's decode matmuls: 2.66 ms per step through it at 16-64 rows, 4.23 ms through
+# the fused kernel unsplit, GPU runs 205-206). Matrices of more than DEQUANT_MAX_WEIGHTS weights (large lm
 # heads) keep the fused kernel: the scratch holds at most a 1B model's gate|up (64 MiB).
-DEQUANT_MIN_ROWS = 4
+DEQUANT_MIN_ROWS = 128
 DEQUANT_MAX_WEIGHTS = 1 << 25
+# the fused GEMM splits K until its programs fill SPLIT_WAVES waves of the multiprocessors: TinyLlama's decode
+# matmuls at 16 rows 1.86 ms with 2 waves, 1.80 with 4, 1.87 with 8; with the 16-row tile ("tiny") and 4 waves 1.69
+# (64 rows: 2.05 / 2.01 / 2.20 ms; GPU run 208)
+SPLIT_WAVES = 4
+MIN_SPLIT_STEPS = 4  # K steps per split at least
 
 
 def row_class(m: int) -> str:
-    return "huge" if m >= 1024 else "large" if m >= 256 else "medium" if m >= 64 else "small"
+    return "huge" if m >= 1024 else "large" if m >= 256 else "medium" if m >= 64 else "small" if m > 16 else "tiny"
 
 
 def dequantizes(m: int, w: PackedWeight, exact: bool) -> bool:
@@ -177,20 +186,24 @@ def _weight_tile(q_ptr, qh_ptr, rows, k0, K, QS, QHS, s0, m0, s1, m1, KIND: tl.c
     return t
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile for every row count (a prompt's odd tail chunk compiled none)
 def _gemm_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, M, N,
-                 N1, N2, K, QS, QHS, stride_x, stride_y,
+                 N1, N2, K, QS, QHS, stride_x, stride_y, part_ptr, KSPLIT,
                  KIND: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr, EXACT: tl.constexpr,
-                 EVEN_K: tl.constexpr, UPCAST: tl.constexpr):
-    """One program: the [BM, BN] output tile (activation rows × weight rows), K walked BK at a time. Out-of-range
-    rows are clamped (modulo) rather than masked, so every load is a whole vector; the epilogue masks the stores."""
+                 EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PARTIAL: tl.constexpr):
+    """One program: the [BM, BN] output tile (activation rows × weight rows) of K range [KSPLIT * z, KSPLIT * (z +
+    1)) (z the grid's third index), BK at a time. Out-of-range rows are clamped (modulo) rather than masked, so
+    every load is a whole vector; the epilogue masks the stores. PARTIAL: the tile's sum goes to the (z, M, N)
+    float32 partials instead, for ``_sum_splits``."""
     DT: tl.constexpr = tl.float32 if EXACT else tl.bfloat16
     PREC: tl.constexpr = "tf32" if not EXACT and not UPCAST else "ieee"  # (ignored for bf16 operands)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    k_lo = tl.program_id(2) * KSPLIT
+    k_hi = tl.minimum(K, k_lo + KSPLIT)
     mrows = pid_m * BM + tl.arange(0, BM)
     rows = pid_n * BN + tl.arange(0, BN)
     xrow = x_ptr + (mrows % M)[:, None] * stride_x
@@ -199,9 +212,9 @@ def _gemm_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr,
         acc = tl.zeros([BN, BM], dtype=tl.float32)
     else:
         acc = tl.zeros([BM, BN], dtype=tl.float32)
-    s0, m0, s1, m1 = _scales(d_ptr, sc_ptr, dmin_ptr, mn_ptr, wrows, 0, K, KIND, G, SB, HAS_SC, HAS_MIN, HAS_MN,
+    s0, m0, s1, m1 = _scales(d_ptr, sc_ptr, dmin_ptr, mn_ptr, wrows, k_lo, K, KIND, G, SB, HAS_SC, HAS_MIN, HAS_MN,
                              BN, BK)
-    for k0 in range(0, K, BK):
+    for k0 in range(k_lo, k_hi, BK):
         # this step's scales were loaded one step ahead (their latency is not hidden by the pipelined loads)
         ns0, nm0, ns1, nm1 = _scales(d_ptr, sc_ptr, dmin_ptr, mn_ptr, wrows, k0 + BK, K, KIND, G, SB,
                                      HAS_SC, HAS_MIN, HAS_MN, BN, BK)
@@ -220,13 +233,40 @@ def _gemm_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr,
             acc = tl.dot(xt, tl.trans(wt), acc, input_precision=PREC)
         s0, m0, s1, m1 = ns0, nm0, ns1, nm1
     if SWAP:
-        mask = (mrows < M)[None, :] & (rows < N)[:, None]
-        _epilogue(acc, mrows[None, :], rows[:, None], mask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2,
-                  stride_y, HAS_BIAS, HAS_RES, SPLIT)
+        mr, nr = mrows[None, :], rows[:, None]
     else:
-        mask = (mrows < M)[:, None] & (rows < N)[None, :]
-        _epilogue(acc, mrows[:, None], rows[None, :], mask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2,
-                  stride_y, HAS_BIAS, HAS_RES, SPLIT)
+        mr, nr = mrows[:, None], rows[None, :]
+    mask = (mr < M) & (nr < N)
+    if PARTIAL:
+        tl.store(part_ptr + (tl.program_id(2) * M + mr) * N + nr, acc, mask=mask)
+    else:
+        _epilogue(acc, mr, nr, mask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS, HAS_RES,
+                  SPLIT)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _sum_splits_kernel(part_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, M, N, N1, N2, stride_y, S,
+                       HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """BLOCK outputs of a split-K GEMM: the S partials summed in order (deterministic), then the epilogue."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < M * N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for z in range(S):
+        acc += tl.load(part_ptr + z * M * N + i, mask=mask, other=0)
+    _epilogue(acc, i // N, i % N, mask, b_ptr, res_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, stride_y, HAS_BIAS,
+              HAS_RES, SPLIT)
+
+
+def k_splits(m: int, n: int, k: int, cfg: dict, exact: bool, sms: int) -> tuple[int, int]:
+    """(splits, K per split) of the fused GEMM: fast mode splits K while the output tiles fill fewer than
+    SPLIT_WAVES waves of the multiprocessors (a decode batch against a 2,048-row matrix: 32 programs on 132 SMs),
+    each split at least MIN_SPLIT_STEPS K steps. Exact mode never splits (a row's sum must not depend on its
+    batch)."""
+    steps = triton.cdiv(k, cfg["BK"])
+    tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
+    want = 1 if exact else min(triton.cdiv(SPLIT_WAVES * sms, tiles), steps // MIN_SPLIT_STEPS)
+    per = triton.cdiv(steps, max(want, 1))
+    return triton.cdiv(steps, per), per * cfg["BK"]
 
 
 _INTERPRETED = isinstance(_gemm_kernel, InterpretedFunction)
@@ -326,8 +366,15 @@ def gemm(x: torch.Tensor, w: PackedWeight | FusedWeight, ep: _Epilogue, exact: b
         return
     cfg = tiles or GEMM_TILES[("exact" if exact else "fast", row_class(m))]
     q, qh, *scales = _planes(w, words=True)
-    grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(w.n, cfg["BN"]))
+    splits, ksplit = k_splits(m, w.n, k, cfg, exact, _sms(x.device))
+    part = torch.empty((splits, m, w.n), dtype=torch.float32, device=x.device) if splits > 1 else ep.out
+    grid = (triton.cdiv(m, cfg["BM"]), triton.cdiv(w.n, cfg["BN"]), splits)
     _gemm_kernel[grid](xw, q, qh, *scales, *ep.args(), m, w.n, *ep.bounds, k, q.stride(0), qh.stride(0), xw.stride(0),
-                       ep.out.stride(0), BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SWAP=cfg["SWAP"], EXACT=exact,
-                       EVEN_K=k % cfg["BK"] == 0, UPCAST=_INTERPRETED and not exact, num_warps=cfg["num_warps"],
-                       num_stages=cfg["num_stages"], **ep.flags(), **_meta(w))
+                       ep.out.stride(0), part, ksplit, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SWAP=cfg["SWAP"],
+                       EXACT=exact, EVEN_K=k % cfg["BK"] == 0, UPCAST=_INTERPRETED and not exact,
+                       PARTIAL=splits > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **ep.flags(),
+                       **_meta(w))
+    if splits > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * w.n, block),)](part, *ep.args(), m, w.n, *ep.bounds, ep.out.stride(0),
+                                                           splits, BLOCK=block, num_warps=4, **ep.flags())

@@ -1,5 +1,5 @@
 """``y = x @ W.T (+ bias) (+ residual)`` on a packed quantized weight: a fused-dequant GEMV for few rows (decode); the
-int8 GEMVs of q8gemv.py (one row) and batch_gemv.py (up to ``INT8_MAX_ROWS`` rows) on int8 activations; more
+int8 GEMV of q8gemv.py (up to ``INT8_MAX_ROWS`` rows, the weight streamed once per row) on int8 activations; more
 rows (decode batches and prefill) go to the tensor-core GEMM of gemm.py.
 
 Layout (see repack.py): a row of W is read as chunks of 32 weights; chunk ``c`` is 4 (4-bit) or 8 (8-bit) 32-bit
@@ -35,10 +35,11 @@ from quanta.backends.cuda.repack import PackedWeight
 from quanta.backends.cuda.rope import RopeStore, gemv_rows, rope_store
 
 GEMV_MAX_ROWS = 3  # up to this many activation rows the float GEMV streams the weight once per row
-# up to this many rows the int8 GEMVs: their dp4a work grows with the rows (GPU run of 2026-12-02: a TinyLlama
-# decode step of 0.61 ms at 1 row, 1.57 / 4.70 / 15.1 ms at 4 / 16 / 64 rows through batch_gemv.py), while the
-# tensor-core GEMM of a weight dequantized once costs about the same at 4 rows as at 256
-INT8_MAX_ROWS = 3
+# up to this many rows the int8 GEMV, one pass over the weight per row: TinyLlama's decode matmuls of one step took
+# 0.35 / 0.55 / 0.99 / 1.84 ms at 1 / 2 / 4 / 8 rows, the split-K tensor-core GEMM (gemm.py) 1.85-2.08 ms at any
+# row count from 4 to 64, and a whole decode step of 8 sequences 2.09 ms through the GEMV against 1.78 ms for 16
+# through the GEMM (GPU run 206)
+INT8_MAX_ROWS = 6
 # GEMV tiles (BN rows x BJ 16-byte units per program) per code width (6: 4-bit codes with high bits, see tile_key)
 # and matrix class, chosen on the H200 by scripts/gpu_tune.py (docs/PERF.md, GPU journal, run 8); BJ shrinks to the
 # row's unit count for short rows. (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours;
@@ -349,16 +350,11 @@ def routes_int8(m: int, w: PackedWeight) -> bool:
 def rope_fits(m: int, w: PackedWeight, int8: bool) -> bool:
     """Whether the GEMV that ``m`` rows against a quantized ``w`` take can rotate and store in its epilogue (a row
     tile of even BN: rotated pairs in one program)."""
-    from quanta.backends.cuda.batch_gemv import batch_tile  # batch_gemv.py imports this module's pieces
-    from quanta.backends.cuda.q8gemv import Q8_CONFIG
+    from quanta.backends.cuda.q8gemv import Q8_CONFIG  # q8gemv.py imports this module's pieces
 
     if w.kind == "dense" or m > (INT8_MAX_ROWS if int8 else GEMV_MAX_ROWS):
         return False
-    if int8:
-        bn = gemv_launch(Q8_CONFIG, w)[0] if m == 1 else batch_tile(w, m)["BN"]
-    else:
-        bn = gemv_launch(GEMV_CONFIG, w)[0]
-    return bn % 2 == 0
+    return gemv_launch(Q8_CONFIG if int8 else GEMV_CONFIG, w)[0] % 2 == 0
 
 
 def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
@@ -370,8 +366,7 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
     ``residual`` may be ``out``). ``outs``: instead, column blocks into these contiguous (m, n_i) arrays (≤ 3).
 
     ``exact``: the GEMM multiplies in IEEE fp32 instead of bf16. ``xq``: x as int8 (a ``Q8Activation``): a
-    quantized weight then takes the int8 GEMV (q8gemv.py) for one row, the batched one (batch_gemv.py) for up to
-    INT8_MAX_ROWS.
+    quantized weight then takes the int8 GEMV (q8gemv.py) for up to INT8_MAX_ROWS rows.
     ``xw``: x as the GEMM's operand (more rows, fast mode; gemm.py's ``word_order``), written by x's producer.
     ``rope``: rows through a quantized weight whose GEMV has an even row tile (``rope_fits``): rotated and stored
     as ``rope`` says. ``scratch``: for a GEMM (more rows), a bf16 buffer the weight is dequantized into first
@@ -389,14 +384,9 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
     assert residual is None or residual.stride(0) == out.stride(0)
     ep = _Epilogue(out, residual, bias, outs, w.n, rope)
     if xq is not None and routes_int8(m, w):
-        if m == 1:
-            from quanta.backends.cuda.q8gemv import gemv_q8  # q8gemv.py imports this module's tiles
+        from quanta.backends.cuda.q8gemv import gemv_q8  # q8gemv.py imports this module's tiles
 
-            gemv_q8(xq, w, ep, pdl_on)
-        else:
-            from quanta.backends.cuda.batch_gemv import batch_gemv_q8
-
-            batch_gemv_q8(xq, w, ep, pdl_on)
+        gemv_q8(xq, w, ep, pdl_on)
     elif m <= GEMV_MAX_ROWS:
         _gemv(x, w, ep, pdl_on)
     else:
