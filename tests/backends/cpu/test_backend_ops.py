@@ -84,16 +84,18 @@ def attention_reference(q, k_all, v_all, pos, scale, window, softcap):
     return out.reshape(n, h * hd)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "q8"])
+@pytest.mark.parametrize("dtype,hd", [("f32", 16), ("q8", 16), ("q8", 64)])
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (5, 0.0), (0, 20.0)])
-def test_paged_attention_of_a_batch(be, window, softcap, dtype):
+def test_paged_attention_of_a_batch(be, window, softcap, dtype, hd):
     """Two sequences on scattered blocks of a shared pool: a 9-token prefill (BLAS path) next to a 3-token one
-    (kernel path), then decode steps of both in one batch; each against the naive attention of its own tokens."""
-    n_heads, n_kv, hd, b = 6, 2, 16, 4
+    (kernel path), then decode steps of both in one batch; each against the naive attention of its own tokens.
+    int8 heads of 16 values have one scale group, heads of 64 two groups of 32 (the kernels' fixed-length loop)."""
+    n_heads, n_kv, b = 6, 2, 4
+    scale = 1 / np.sqrt(hd)  # as the models scale (scores of the same spread at every head size)
     tables = [[5, 2, 7, 0], [3, 6, 1]]
     lengths = [13, 9]
     data = [(randn(n, n_heads, hd), randn(n, n_kv, hd), randn(n, n_kv, hd)) for n in lengths]
-    refs = [attention_reference(q, k, v, np.arange(len(q)), 0.25, window, softcap) for q, k, v in data]
+    refs = [attention_reference(q, k, v, np.arange(len(q)), scale, window, softcap) for q, k, v in data]
     cache = be.kv_cache(KVShape(1, n_kv, hd, 8, b), dtype)[0]
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == "f32" else dict(rtol=0, atol=0.03)  # int8: ~1% of |v| ~ 1
     steps = [[(0, 9), (0, 3)]] + [[(9 + i, 1), (3 + i, 1)] for i in range(4)]
@@ -101,7 +103,7 @@ def test_paged_attention_of_a_batch(be, window, softcap, dtype):
         meta = be.metadata(placement([(tables[j], first, n) for j, (first, n) in enumerate(step)], b))
         pick = lambda a, j: a[step[j][0]:step[j][0] + step[j][1]]  # noqa: E731
         q, k, v = (np.concatenate([pick(data[j][x], j) for j in range(2)]) for x in range(3))
-        out = be.attention(q, k, v, cache, meta, scale=0.25, window=window, softcap=softcap)
+        out = be.attention(q, k, v, cache, meta, scale=scale, window=window, softcap=softcap)
         want = np.concatenate([pick(refs[j], j) for j in range(2)])
         np.testing.assert_allclose(out, want, **tol)
 
