@@ -79,6 +79,34 @@ def test_steps_queued_ahead_give_the_same_tokens(exact, alone):
         exact.engine.asynchronous = False
 
 
+def test_a_queued_step_reads_the_last_steps_tokens_after_it(exact, alone, monkeypatch):
+    """Overlap: each step's tokens are fetched through ``to_host_later`` (a device backend's copy behind an event,
+    which waits for that step alone) and read only once the next step has been queued."""
+    events: list[str] = []
+    be, runner = exact.backend, exact.engine.runner
+    run, later = runner.run, be.to_host_later
+
+    def launch(*args, **kwargs):
+        events.append("launch")
+        return run(*args, **kwargs)
+
+    def fetch(a):
+        read = later(a)
+        return lambda: events.append("read") or read()
+
+    monkeypatch.setattr(runner, "run", launch)
+    monkeypatch.setattr(be, "to_host_later", fetch)
+    monkeypatch.setattr(exact.engine, "asynchronous", True)
+    exact.engine.reset_prefix_cache()
+    assert exact.generate(PROMPTS[0], **GREEDY).token_ids == alone[0]
+    assert events[:3] == ["launch", "launch", "read"]  # step 1's tokens read after step 2 was queued
+    launches = reads = 0
+    for e in events[:-1]:
+        launches, reads = launches + (e == "launch"), reads + (e == "read")
+        assert e == "launch" or reads < launches  # every read but the last has a later step queued
+    assert events[-1] == "read" and reads + 1 == launches
+
+
 def test_streams_from_two_threads(exact, alone):
     results: dict[int, str] = {}
 
