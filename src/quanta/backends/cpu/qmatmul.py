@@ -67,8 +67,10 @@ def prepare_weight(tensor) -> QWeight:
     return QWeight(tensor.name, fmt.name, (m, k), raw2d, code, fmt.block_size, fmt.type_size)
 
 
-SPLIT_MIN_ROWS = 64  # activation rows per thread below which the prefill work stays on one thread
-PARTS_PER_THREAD = 4  # prefill work is cut into this many parts per thread, claimed by whichever thread is free
+# activation rows per thread below which the prefill work stays on one thread; above, one part per thread (four
+# per thread, claimed by whichever thread was free, cost 7-13% of a 128-token prefill and gained nothing with a
+# core held by another process, at 128 or 512 tokens: docs/PERF.md, session 42)
+SPLIT_MIN_ROWS = 64
 
 
 class CPUThreads:
@@ -110,10 +112,8 @@ class CPUThreads:
             numba.set_num_threads(1 if contended else self.numba_threads)
 
     def parts(self, work: int, n: int) -> list[tuple[int, int]]:
-        """``work`` items in contiguous parts: several per thread when there are enough activation rows."""
-        parts = max(1, min(self.n * PARTS_PER_THREAD, n * PARTS_PER_THREAD // SPLIT_MIN_ROWS, work))
-        if parts < PARTS_PER_THREAD:
-            parts = 1
+        """``work`` items in contiguous parts: one per thread when there are enough activation rows."""
+        parts = max(1, min(self.n, n // SPLIT_MIN_ROWS, work))
         return [(work * i // parts, work * (i + 1) // parts) for i in range(parts)]
 
     def run_parts(self, fn, parts: list[tuple[int, int]]) -> None:
