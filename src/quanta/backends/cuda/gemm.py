@@ -41,7 +41,8 @@ from quanta.backends.cuda.repack import FusedWeight, PackedWeight
 
 # Tiles per (mode, activation-row class); BM is the activation-row tile, BN the weight-row tile, BK the K step.
 # Fast mode: from the H200 sweep of scripts/gpu_gemm.py (SWAP wins for 4-bit codes, and non-swapped 4-bit tiles do
-# not compile on triton 3.6), "tiny" (decode batches of up to 16 rows) from GPU run 208; exact mode: fp32 FMA dots, tiles small enough not to spill.
+# not compile on triton 3.6), "tiny" (decode batches of up to 16 rows) from GPU run 208; exact mode: fp32 FMA dots,
+# tiles small enough not to spill.
 GEMM_TILES = {
     ("fast", "huge"): {"BM": 256, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 8, "num_stages": 3},
     ("fast", "large"): {"BM": 128, "BN": 64, "BK": 64, "SWAP": True, "num_warps": 4, "num_stages": 3},
@@ -197,7 +198,7 @@ def _gemm_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr,
     """One program: the [BM, BN] output tile (activation rows × weight rows) of K range [KSPLIT * z, KSPLIT * (z +
     1)) (z the grid's third index), BK at a time. Out-of-range rows are clamped (modulo) rather than masked, so
     every load is a whole vector; the epilogue masks the stores. PARTIAL: the tile's sum goes to the (z, M, N)
-    float32 partials instead, for ``_sum_splits``."""
+    float32 partials instead, for ``_sum_splits_kernel``."""
     DT: tl.constexpr = tl.float32 if EXACT else tl.bfloat16
     PREC: tl.constexpr = "tf32" if not EXACT and not UPCAST else "ieee"  # (ignored for bf16 operands)
     pid_m = tl.program_id(0)
