@@ -154,11 +154,6 @@ def single(run: Run, label: str, src: str) -> None:
                            f"{r['prefill_tok_s']:,.0f} tok/s, TTFT {r['ttft_ms']:.1f} ms")
 
 
-SPLIT_VARIANTS = {  # the split-K GEMM's tile and waves, tried on decode batches: name -> (tile changes, SPLIT_WAVES)
-    "waves 4": ({}, 4), "waves 8": ({}, 8), "BK 128": ({"BK": 128}, 2), "BM 16": ({"BM": 16}, 2),
-    "8 warps": ({"num_warps": 8}, 2), "4 stages": ({"num_stages": 4}, 2), "BM 16 waves 4": ({"BM": 16}, 4)}
-
-
 def _matmul_step_ms(weights: list, m: int, fn: Any, scratch: Any = None) -> float:
     """GPU ms of one decode step's matmuls (``weights``: (weight, count) pairs) through ``fn(w, x, xq, ep)``, m
     rows, captured in one graph and replayed (median of 10); the lm head too large for ``scratch`` takes the
@@ -197,8 +192,8 @@ def _matmul_step_ms(weights: list, m: int, fn: Any, scratch: Any = None) -> floa
 
 def kernels(run: Run) -> None:
     """Decode matmul GPU time per step of TinyLlama's shapes (22 layers and the lm head) by route and row count
-    (``_matmul_step_ms``: a single small matmul timed alone measures Python's launch overhead, not the kernel), and
-    the split-K GEMM's variants (SPLIT_VARIANTS) at a few row counts."""
+    (``_matmul_step_ms``: a single small matmul timed alone measures Python's launch overhead, not the kernel). The
+    split-K GEMM's tile sweep of GPU run 208 is in git history (6bf7c0c)."""
     import torch
 
     from quanta.backends.cuda import gemm, q8gemv
@@ -212,7 +207,6 @@ def kernels(run: Run) -> None:
         weights = [(repack(torch.from_numpy(random_tensor(t, (n, k), rng)).cuda(), t, (n, k)), count)
                    for n, k, t, count in shapes]
         scratch = torch.empty(11264 * 2048, dtype=torch.bfloat16, device="cuda")
-        split_waves = gemm.SPLIT_WAVES
         table: dict[str, dict[int, float]] = {}
         for m in ROWS:
             routes = {"gemm": (lambda w, xs, xq, ep: gemm.gemm(xs, w, ep, False), None),
@@ -221,17 +215,6 @@ def kernels(run: Run) -> None:
                 routes["gemv_q8"] = (lambda w, xs, xq, ep: q8gemv.gemv_q8(xq, w, ep, True), None)
             for name, (fn, scratch_of) in routes.items():
                 table.setdefault(name, {})[m] = _matmul_step_ms(weights, m, fn, scratch_of)
-            if m in (4, 16, 64):
-                for name, (change, waves) in SPLIT_VARIANTS.items():
-                    tile = {**gemm.GEMM_TILES[("fast", gemm.row_class(m))], **change}
-                    gemm.SPLIT_WAVES = waves
-                    try:
-                        table.setdefault(f"gemm {name}", {})[m] = _matmul_step_ms(
-                            weights, m, lambda w, xs, xq, ep: gemm.gemm(xs, w, ep, False, tile))
-                    except Exception as e:  # noqa: BLE001 - a tile that does not compile is a result too
-                        run.say(f"   {name} at {m} rows: {type(e).__name__}: {str(e)[:200]}")
-                    finally:
-                        gemm.SPLIT_WAVES = split_waves
             run.say(f"   rows {m:>3}: " + ", ".join(f"{k} {v[m]:.3f} ms" for k, v in table.items() if m in v))
         run.results["matmul_ms_per_step"] = table
 
