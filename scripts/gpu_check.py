@@ -1,12 +1,13 @@
 """The GPU check harness, run on a CUDA machine: the CUDA tests, GPU against CPU exact mode on synthetic (and a
 real) model, and the benchmarks: the batched engine at several concurrencies (`quanta bench --concurrency`), the
 single-request bench, the old code's single-stream decode side by side (``--old DIR``: a source tree of an older
-commit), the decode matmul routes per batch size, and the captured decode graphs' GPU time per batch size.
+commit), the decode matmul routes per batch size, the captured decode graphs' GPU time per batch size, and the int8
+KV cache against the fp16 one.
 
 Everything but the two timing sections (``kernels``, ``graphs``) goes through quanta's public interface: the
 `quanta synth` and `quanta bench` verbs (one process each) and `quanta.LLM`.
 
-    OUT=gpu_out scripts/gpu_check.sh [--only tests,serving,bench,old,kernels,graphs,compare] [--real MODEL.gguf]
+    OUT=gpu_out scripts/gpu_check.sh [--only tests,serving,bench,old,kernels,graphs,kvq8,compare] [--real M.gguf]
 
 Log in $OUT/gpu_check.log, every number (the benches' --json reports too) in $OUT/gpu_check.json, the CUDA tests'
 output in $OUT/gpu_tests.txt; the summary is printed last.
@@ -34,6 +35,9 @@ CONCURRENCY = "1,4,16,64,256"
 # GPU vs CPU exact: one model per architecture and the 4-, 5- and 6-bit layouts; (preset, type, layers or None)
 COMPARE_MODELS = (("smollm2-135m", "Q4_1", None), ("gemma3-270m", "Q4_K_M", None), ("llama-3.2-1b", "Q5_K_M", 4))
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+KV_DEPTHS = (1024, 8192, 32768)  # issue 36's depths for the int8 KV cache (Llama-3.2-1B: 128k trained context)
+# prose for the int8 KV cache's fidelity on a real model: a carried copy (gpu_check.sh), or Debian's GPL-3
+TEXTS = (Path("gpu_parts/text.txt"), Path("/usr/share/common-licenses/GPL-3"))
 PROSE = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined a "
          "screw press with movable metal type and an oil-based ink. Within fifty years, presses were running in more "
          "than two hundred cities across Europe, and the cost of a book fell so far that ordinary merchants could own "
@@ -261,6 +265,51 @@ def graph_times(run: Run) -> None:
         llm.close()
 
 
+def kv_int8(run: Run, real: str) -> None:
+    """The int8 KV pool against the fp16 one in one run: decode tok/s of one request at depths (Llama-3.2-1B, 128
+    tokens after a prompt that long; median of 3), the tokens 1 GiB of pool holds, and with ``real`` (a real model)
+    the int8 cache's perplexity and teacher-forced top-1 agreement against the float cache's over 2 x 1,024 tokens
+    of prose (as tests/engine/test_kv_q8.py on the CPU), in both modes."""
+    from quanta import LLM
+
+    with run.section("int8 KV cache against fp16"):
+        path = synth(run, "llama-3.2-1b", "Q4_K_M")
+        rows: dict[str, dict] = {}
+        for kv in ("f16", "q8"):
+            rng = np.random.default_rng(0)
+            with LLM(path, device="cuda", n_ctx=KV_DEPTHS[-1] + 256, max_seqs=1, kv_dtype=kv) as llm:
+                row = rows[kv] = {}
+                for depth in (8, *KV_DEPTHS):
+                    prompt = rng.integers(1000, llm.config.vocab_size - 4000, depth).tolist()
+                    llm.generate(prompt, max_tokens=8, temperature=0.0, ignore_eos=True)  # compiles, fills the cache
+                    row[depth] = float(np.median([llm.generate(prompt, max_tokens=128, temperature=0.0,
+                                                               ignore_eos=True).stats.decode_tok_s for _ in range(3)]))
+            with LLM(path, device="cuda", n_ctx=4096, kv_dtype=kv, kv_memory=2**30) as llm:
+                row["tokens_per_gib"] = llm.engine.runner.n_blocks * llm.engine.runner.block_size
+            run.say(f"   {kv}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()))
+        text = next((t for t in TEXTS if t.exists()), None)
+        if real and text:  # the default mode against its fp16 cache, exact mode against its fp32 one
+            for mode, base in (("default", "f16"), ("exact", "f32")):
+                logits, ids = {}, []
+                for kv in (base, "q8"):
+                    with LLM(real, device="cuda", n_ctx=1024, max_seqs=1, kv_dtype=kv, exact=mode == "exact") as llm:
+                        ids = llm.tokenize(" ".join(text.read_text().split()))[:2048]
+                        logits[kv] = [llm.logits(ids[w:w + 1024]) for w in (0, 1024)]
+                ppl = {kv: float(np.exp(np.mean([np.log(perplexity(lg, ids[w * 1024:(w + 1) * 1024]))
+                                                 for w, lg in enumerate(parts)]))) for kv, parts in logits.items()}
+                top1 = float(np.mean(np.concatenate(logits[base]).argmax(1) == np.concatenate(logits["q8"]).argmax(1)))
+                rows[f"real_{mode}"] = r = {"base": base, "ppl_base": ppl[base], "ppl_q8": ppl["q8"], "top1": top1}
+                run.say("  ", json.dumps(r))
+                run.summary.append(f"int8 KV on {Path(real).stem} ({mode} mode, {len(ids)} tokens): top-1 {top1:.4f} "
+                                   f"of {base}'s, perplexity {r['ppl_q8']:.3f} against {r['ppl_base']:.3f} "
+                                   f"({100 * (r['ppl_q8'] / r['ppl_base'] - 1):+.2f}%)")
+        run.results["kv_int8"] = rows
+        f16, q8 = rows["f16"], rows["q8"]
+        run.summary.append("int8 KV decode tok/s (fp16): " + ", ".join(
+            f"depth {d}: {q8[d]:,.0f} ({f16[d]:,.0f}, {q8[d] / f16[d]:.2f}x)" for d in (8, *KV_DEPTHS))
+            + f"; tokens per GiB {q8['tokens_per_gib']:,} ({f16['tokens_per_gib']:,})")
+
+
 def perplexity(logits: np.ndarray, ids: list[int]) -> float:
     lg = logits[:-1].astype(np.float64)
     top = lg.max(axis=1)
@@ -310,8 +359,8 @@ def compare(run: Run, name: str, model: Path | tuple[str, str, int | None], n_to
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="tests,serving,bench,old,kernels,graphs,compare",
-                    help="sections: tests, serving, bench, old, kernels, graphs, compare")
+    ap.add_argument("--only", default="tests,serving,bench,old,kernels,graphs,kvq8,compare",
+                    help="sections: tests, serving, bench, old, kernels, graphs, kvq8, compare")
     ap.add_argument("--real", default="", help="a real GGUF to compare too (e.g. SmolLM2)")
     ap.add_argument("--old", default="", help="the src/ folder of an older commit, for `old`")
     ap.add_argument("--out", type=Path, default=Path("gpu_out"))
@@ -336,6 +385,8 @@ def main() -> None:
         graph_times(run)
     if "kernels" in only:
         kernels(run)
+    if "kvq8" in only:
+        kv_int8(run, args.real)
     bandwidth(run)
     if "tests" in only:
         gpu_tests(run)

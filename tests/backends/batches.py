@@ -31,10 +31,10 @@ def placement(chunks: list[tuple[list[int], int, int]], block_size: int) -> Atte
 
 
 def run_steps(backend: Any, model: Any, tokens: list[list[int]], steps: list[list[tuple[int, int, int]]],
-              tables: list[list[int]] = TABLES) -> list[np.ndarray]:
+              tables: list[list[int]] = TABLES, kv_dtype: str = "auto") -> list[np.ndarray]:
     """Every row's logits of each forward of ``steps``: lists of (sequence, first position, count), sequence j's
-    tokens ``tokens[j]``, on a fresh pool (as many blocks as the tables name)."""
-    cache = backend.kv_cache(model.kv_shape(max(max(t) for t in tables) + 1, BLOCK))
+    tokens ``tokens[j]``, on a fresh pool (as many blocks as the tables name, stored as ``kv_dtype``)."""
+    cache = backend.kv_cache(model.kv_shape(max(max(t) for t in tables) + 1, BLOCK), kv_dtype)
     out = []
     for step in steps:
         meta = placement([(tables[j], first, n) for j, first, n in step], BLOCK)

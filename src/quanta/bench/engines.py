@@ -48,11 +48,17 @@ class QuantaEngine:
     name = "quanta"
 
     def __init__(self, model: str, *, device: str, threads: int, n_ctx: int, exact: bool = False,
-                 cpu_isa: str | None = None, cuda: dict | None = None):
+                 cpu_isa: str | None = None, cuda: dict | None = None, kv_type: str = "auto"):
         from quanta import LLM
 
+        self.kv_type = kv_type
         self.llm = LLM(model, device=device, threads=threads, n_ctx=n_ctx, exact=exact, cpu_isa=cpu_isa, cuda=cuda,
-                       max_seqs=1)
+                       max_seqs=1, kv_dtype=kv_type)
+
+    def kv_bytes_per_value(self) -> float:
+        """Bytes the KV pool spends per cached K or V value (scales included)."""
+        shape = self.llm.engine.runner.cache.shape
+        return self.llm.backend.kv_nbytes(shape, self.kv_type) / shape.nbytes(1)
 
     def run(self, prompt: list[int], n_decode: int) -> RunTimes:
         self.llm.engine.reset_prefix_cache()  # an empty context: no prompt-prefix reuse from the previous run

@@ -27,9 +27,9 @@ def weight_bytes_per_token(gguf: GGUFFile) -> int:
     return total
 
 
-def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, depth: int, itemsize: int = 4) -> int:
-    """Bytes of K and V attention reads for one token at ``depth`` tokens of context."""
-    return 2 * n_layers * n_kv_heads * head_dim * depth * itemsize
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, depth: int, itemsize: float = 4) -> int:
+    """Bytes of K and V attention reads for one token at ``depth`` tokens of context (``itemsize``: per value)."""
+    return round(2 * n_layers * n_kv_heads * head_dim * depth * itemsize)
 
 
 def cpu_read_bandwidth(threads: int, size_mb: int = 512, repeats: int = 5) -> float:

@@ -40,6 +40,7 @@ class BenchConfig:
     busy_cores: int = 0  # competing busy processes during the whole run (contention.py)
     cpu_isa: str | None = None  # the CPU backend's int8 instruction set (None: the fastest the CPU has)
     cuda: dict | None = None  # the CUDA backend's switches (q8, pdl), from the CLI's environment
+    kv_type: str = "auto"  # how the KV pool stores K and V (EngineConfig.kv_dtype)
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -129,7 +130,7 @@ def cold_starts(engines: list[str], cfg: BenchConfig, prompt: list[int]) -> dict
 
 
 def _summarise(runs: list[RunTimes], deep: list[RunTimes], shape: dict[str, int], cfg: BenchConfig,
-               bandwidth: float, kv_itemsize: int) -> dict[str, Any]:
+               bandwidth: float, kv_itemsize: float) -> dict[str, Any]:
     prefill = _spread([r.prefill_tok_s for r in runs])
     decode = _spread([r.decode_tok_s for r in runs])
     ttft = _spread([r.ttft_s * 1e3 for r in runs])
@@ -174,7 +175,7 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
         require_llama_cpp()  # before quanta loads: a missing peer is the first thing said
     engines: dict[str, Any] = {"quanta": QuantaEngine(str(cfg.model), device=cfg.device, threads=cfg.threads,
                                                       n_ctx=n_ctx, exact=cfg.exact, cpu_isa=cfg.cpu_isa,
-                                                      cuda=cfg.cuda)}
+                                                      cuda=cfg.cuda, kv_type=cfg.kv_type)}
     if cfg.vs:
         engines["llama.cpp"] = LlamaCppEngine(cfg.model, threads=cfg.threads, n_ctx=n_ctx)
     runs: dict[str, list[RunTimes]] = {k: [] for k in engines}
@@ -191,8 +192,8 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
                 if cfg.depth:
                     deep[name].append(engine.run(deep_prompt, cfg.decode_tokens))
                     bar.update()
-    kv_itemsize = engines["quanta"].llm.backend.kv_itemsize  # float32, or float16 on the GPU's default mode
-    report = {"model": str(cfg.model), "device": cfg.device, "threads": cfg.threads,
+    kv_itemsize = engines["quanta"].kv_bytes_per_value()
+    report = {"model": str(cfg.model), "device": cfg.device, "threads": cfg.threads, "kv_type": cfg.kv_type,
               "prompt_tokens": cfg.prompt_tokens, "decode_tokens": cfg.decode_tokens, "depth": cfg.depth,
               "repeats": cfg.repeats, "bandwidth_gb_s": bandwidth / 1e9, "file_bytes": shape["file_bytes"],
               **_summarise(runs["quanta"], deep["quanta"], shape, cfg, bandwidth, kv_itemsize)}

@@ -21,6 +21,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: available cores)")
     p.add_argument("--vs", choices=("llama.cpp",), default=None, help="measure llama.cpp side by side")
     p.add_argument("--exact", action="store_true", help="quanta's exact fp32 mode instead of the fast mode")
+    p.add_argument("--kv-type", choices=("auto", "f32", "f16", "q8"), default="auto",
+                   help="how quanta's KV cache stores keys and values (see `quanta run --help`)")
     p.add_argument("--cpu-isa", choices=("avx2", "avx_vnni", "avx512_vnni"), default=None,
                    help="force the CPU backend's int8 kernels onto one instruction set (default: the fastest)")
     p.add_argument("--busy-cores", type=int, default=0, metavar="N",
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                       prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, depth=args.depth,
                       repeats=args.repeats, threads=threads, vs=args.vs, exact=args.exact,
                       cold_start=not args.no_cold_start, busy_cores=args.busy_cores,
-                      cpu_isa=args.cpu_isa, cuda=args.cuda)
+                      cpu_isa=args.cpu_isa, cuda=args.cuda, kv_type=args.kv_type)
     return _report(run_bench(cfg, progress=sys.stderr.isatty()), args, format_table, plot)
 
 

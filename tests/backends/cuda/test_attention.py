@@ -259,7 +259,8 @@ def _new_row_kernel(kc_ptr, vc_ptr, bt_ptr, ko_ptr, vo_ptr, pos, start, NSLOTS, 
     d = tl.arange(0, BD)
     k = tl.full([BN, BD], -1.0, tl.float16)  # what a tile read before the PDL wait may hold
     v = tl.full([BN, BD], -2.0, tl.float16)
-    k, v = _with_new_row(k, v, kc_ptr, vc_ptr, bt_ptr, 1, NSLOTS, p, pos, d, d < HD, HD, BLOCK)
+    k, v = _with_new_row(k, v, kc_ptr, vc_ptr, kc_ptr, vc_ptr, bt_ptr, 1, NSLOTS, p, pos, d, d < HD, HD, BLOCK, False,
+                         "fp16")
     offs = tl.arange(0, BN)[:, None] * BD + d[None, :]
     tl.store(ko_ptr + offs, k)
     tl.store(vo_ptr + offs, v)

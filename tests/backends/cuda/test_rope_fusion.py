@@ -63,7 +63,7 @@ def test_rope_in_the_qkv_epilogue(arch: str, types: dict, shape: dict, fits: boo
                             vocab=64, **shape)
     be = CUDABackend(device, exact=exact)
     kv_cache = be.kv_cache
-    be.kv_cache = lambda shape: setattr(be, "last_pool", kv_cache(shape)) or be.last_pool
+    be.kv_cache = lambda shape, dtype="auto": setattr(be, "last_pool", kv_cache(shape, dtype)) or be.last_pool
     model = load_model(gguf.open(path), be, 32)
     *fused, taken = _decode(be, model, fuse=True, rows=rows)
     *plain, taken_plain = _decode(be, model, fuse=False, rows=rows)

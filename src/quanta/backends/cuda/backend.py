@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from quanta.backends.base import AttentionMetadata, Backend, KVShape
-from quanta.backends.cuda import activation, attention, flash_decode, norm, rope
+from quanta.backends.cuda import activation, attention, flash_decode, kv_q8, norm, rope
 from quanta.backends.cuda.copies import ActivationCopies
 from quanta.backends.cuda.embed import embed as _embed
 from quanta.backends.cuda.gemm import DEQUANT_MAX_WEIGHTS, dequantizes
@@ -33,9 +33,9 @@ _META_FIELDS = ("positions", "slots", "token_seq", "seq_lens", "query_starts")
 
 
 class CUDAKVCache:
-    """One K and one V of (n_kv_heads, n_slots, head_dim) per layer (float32, or float16 in the default mode),
-    allocated once: the shape's blocks plus ``pad_block``, the last, which no sequence of the engine owns (captured
-    decode batches point their padding rows at it)."""
+    """One K and one V of (n_kv_heads, n_slots, head_dim) per layer (float32, float16 in the default mode, or
+    int8 codes with scales: kv_q8.py), allocated once: the shape's blocks plus ``pad_block``, the last, which no
+    sequence of the engine owns (captured decode batches point their padding rows at it)."""
 
     def __init__(self, shape: KVShape, device: torch.device, dtype: torch.dtype = torch.float32):
         self.shape = shape
@@ -43,16 +43,26 @@ class CUDAKVCache:
         dims = (shape.n_layers, shape.n_kv_heads, (shape.n_blocks + 1) * shape.block_size, shape.head_dim)
         self.k = torch.zeros(dims, dtype=dtype, device=device)
         self.v = torch.zeros(dims, dtype=dtype, device=device)
+        self.k_scale = self.v_scale = self.rotation = None
+        if dtype == torch.int8:
+            scales = (*dims[:3], shape.head_dim // kv_q8.GROUP)
+            self.k_scale = torch.zeros(scales, dtype=torch.float16, device=device)
+            self.v_scale = torch.zeros(scales, dtype=torch.float16, device=device)
+            self.rotation = kv_q8.hadamard(shape.head_dim, device)
 
     def __len__(self) -> int:
         return self.shape.n_layers
 
-    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | kv_q8.Int8Layer:
+        if self.rotation is not None:
+            return kv_q8.Int8Layer(self.k[layer], self.v[layer], self.k_scale[layer], self.v_scale[layer],
+                                   self.rotation)
         return self.k[layer], self.v[layer]
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        scales = 0 if self.k_scale is None else 2 * self.k_scale.numel() * self.k_scale.element_size()
+        return 2 * self.k.numel() * self.k.element_size() + scales
 
 
 def _prime_triton() -> None:
@@ -242,17 +252,21 @@ class CUDABackend(Backend):
     def rope_table(self, inv_freq: np.ndarray, n_ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return rope.rope_table(inv_freq, n_ctx, self.device)
 
-    def _kv_dtype(self, dtype: str) -> torch.dtype:
-        kinds = {"auto": self.kv_dtype, "f32": torch.float32, "f16": torch.float16}
+    def _kv_dtype(self, dtype: str, head_dim: int) -> torch.dtype:
+        kinds = {"auto": self.kv_dtype, "f32": torch.float32, "f16": torch.float16, "q8": torch.int8}
         if dtype not in kinds:
-            raise ValueError(f"the CUDA backend stores the KV pool as f32 or f16, not {dtype!r}")
+            raise ValueError(f"the CUDA backend stores the KV pool as f32, f16 or q8, not {dtype!r}")
+        if dtype == "q8" and not kv_q8.supports(head_dim):
+            raise ValueError(f"an int8 KV cache needs a power-of-two head size of 32 or more, not {head_dim}")
         return kinds[dtype]
 
     def kv_nbytes(self, shape: KVShape, dtype: str = "auto") -> int:
-        return shape.nbytes(torch.empty(0, dtype=self._kv_dtype(dtype)).element_size())
+        if self._kv_dtype(dtype, shape.head_dim) == torch.int8:  # a byte per value, an fp16 scale per 32
+            return shape.nbytes(1) + shape.nbytes(2) // kv_q8.GROUP
+        return shape.nbytes(torch.empty(0, dtype=self._kv_dtype(dtype, shape.head_dim)).element_size())
 
     def kv_cache(self, shape: KVShape, dtype: str = "auto") -> CUDAKVCache:
-        kind = self._kv_dtype(dtype)
+        kind = self._kv_dtype(dtype, shape.head_dim)
         try:
             return CUDAKVCache(shape, self.device, kind)
         except torch.OutOfMemoryError:
@@ -312,6 +326,9 @@ class CUDABackend(Backend):
     def rope_qk(self, q: torch.Tensor, k: torch.Tensor, meta: AttentionMetadata, table: Any, *, neox: bool,
                 v: torch.Tensor | None = None, cache: Any = None) -> bool:
         self._copies.produce(None)
+        if isinstance(cache, kv_q8.Int8Layer) and v is not None:  # rope, rotation and int8 store in one launch
+            kv_q8.write(q, k, v, cache, meta.slots, rope=(meta.positions, table, neox), pdl_on=self.pdl)
+            return True
         rope.rope_qk(q, k, meta.positions, table, neox, v=v, cache=cache, slots=meta.slots, pdl_on=self.pdl)
         return v is not None and cache is not None
 
@@ -323,6 +340,8 @@ class CUDABackend(Backend):
         q = outs["attn_q"]
         m = x.shape[0]
         nq, nk = q.shape[1], outs["attn_k"].shape[1]
+        if isinstance(cache, kv_q8.Int8Layer):  # rope_qk writes the int8 pool (kv_q8.write)
+            return False
         if m > INT8_MAX_ROWS or cache is None or 2 * table[0].shape[1] != cache[0].shape[2]:
             return False
         int8 = self._copies.q8_copy(x) is not None
@@ -345,14 +364,21 @@ class CUDABackend(Backend):
         if out is None:
             out = torch.empty((n, n_heads * hd), dtype=torch.float32, device=self.device)
         decode = meta.max_query_len == 1
+        int8 = cache if isinstance(cache, kv_q8.Int8Layer) else None
+        if int8 is not None:
+            if k is not None:  # None: rope_qk stored them and rotated q
+                kv_q8.write(q, k, v, int8, meta.slots, pdl_on=self.pdl)
+            k_cache, v_cache = int8.k, int8.v
+        else:
+            k_cache, v_cache = cache
+            if k is not None:  # None: rope_qk stored them
+                attention.write_kv(k, v, k_cache, v_cache, meta.slots, self.pdl)
         q8, words = self._copies.produce(out, q8=decode and flash_decode.writes_q8(hd), words=hd % 32 == 0)
-        k_cache, v_cache = cache
-        if k is not None:  # None: rope_qk stored them
-            attention.write_kv(k, v, k_cache, v_cache, meta.slots, self.pdl)
         scratch = self._scratch(n, n_heads, k_cache.shape[0], meta.block_tables.shape[1] * meta.block_size,
                                 hd) if decode else None
         return attention.attention(q, k_cache, v_cache, meta, scale=scale, window=window, softcap=softcap,
-                                   out=out, scratch=scratch, exact=self.exact, q8=q8, words=words, pdl_on=self.pdl)
+                                   out=out, scratch=scratch, exact=self.exact, q8=q8, words=words, int8=int8,
+                                   pdl_on=self.pdl)
 
     def _scratch(self, n: int, heads: int, kv_heads: int, max_keys: int, hd: int) -> flash_decode.DecodeScratch:
         """The decode kernel's partials for ``n`` tokens (rounded up to a power of two): one per shape, never

@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from quanta.backends.cuda import pdl
+from quanta.backends.cuda import kv_q8, pdl
 from quanta.backends.cuda.activation import _tanh
-from quanta.backends.cuda.q8gemv import Q8Activation, store_q8
+from quanta.backends.cuda.q8gemv import Q8Activation, store_q8, store_q8_rows
 
 _NEG = tl.constexpr(-1.0e30)  # a finite "minus infinity": keeps exp(m_old - m_new) free of inf - inf
 _LOG2E = tl.constexpr(1.4426950408889634)
@@ -36,31 +36,59 @@ def _dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
-def slot_rows(table, p, valid, hk, NSLOTS, HD, BLOCK: tl.constexpr):
-    """Element offsets (int64) in a (hkv, n_slots, hd) pool of the rows of positions ``p`` ([BN]) of the sequence
-    whose block table starts at ``table``, for KV head ``hk`` (``valid``: the positions to look up)."""
+def slot_index(table, p, valid, hk, NSLOTS, BLOCK: tl.constexpr):
+    """Row indices (int64) in a (hkv, n_slots, ·) pool of positions ``p`` ([BN]) of the sequence whose block table
+    starts at ``table``, for KV head ``hk`` (``valid``: the positions to look up)."""
     blk = tl.load(table + p // BLOCK, mask=valid, other=0)
-    return (hk * NSLOTS + blk * BLOCK + p % BLOCK).to(tl.int64) * HD
+    return (hk * NSLOTS + blk * BLOCK + p % BLOCK).to(tl.int64)
 
 
 @triton.jit
-def _kv_tile(kc_ptr, vc_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK: tl.constexpr):
+def slot_rows(table, p, valid, hk, NSLOTS, HD, BLOCK: tl.constexpr):
+    """Element offsets (int64) in a (hkv, n_slots, hd) pool of the rows of positions ``p`` (see slot_index)."""
+    return slot_index(table, p, valid, hk, NSLOTS, BLOCK) * HD
+
+
+@triton.jit
+def pool_rows(c_ptr, s_ptr, rows, mask, d, HD, KV8: tl.constexpr, CG: tl.constexpr, DOT: tl.constexpr):
+    """The pool rows ``rows`` ([BN] int64) as a [BN, BD] tile (``mask``ed: 0): as stored, or with KV8 the int8
+    pool's codes times their scales (at ``s_ptr``; kv_q8.py; in fp16 for fp16 dots). CG: loads past L1 (``.cg``)."""
+    if KV8:
+        x = kv_q8.dequantized(c_ptr, s_ptr, rows, d, mask, HD, CG, DOT == "fp16")
+    elif CG:
+        x = tl.load(c_ptr + rows[:, None] * HD + d[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+    else:
+        x = tl.load(c_ptr + rows[:, None] * HD + d[None, :], mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
+def kv_rows(kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows, mask, d, HD, KV8: tl.constexpr, CG: tl.constexpr,
+            DOT: tl.constexpr):
+    """The K and V pool rows ``rows`` as [BN, BD] tiles (pool_rows)."""
+    return (pool_rows(kc_ptr, ks_ptr, rows, mask, d, HD, KV8, CG, DOT),
+            pool_rows(vc_ptr, vs_ptr, rows, mask, d, HD, KV8, CG, DOT))
+
+
+@triton.jit
+def _kv_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK: tl.constexpr,
+             KV8: tl.constexpr, DOT: tl.constexpr):
     """The K and V rows of positions ``p`` ([BN]; masked outside [lo, pos]) as [BN, BD] tiles."""
     valid = (p <= pos) & (p >= lo)
-    kvmask = valid[:, None] & dmask[None, :]
-    offs = slot_rows(table, p, valid, hk, NSLOTS, HD, BLOCK)[:, None] + d[None, :]
-    return tl.load(kc_ptr + offs, mask=kvmask, other=0.0), tl.load(vc_ptr + offs, mask=kvmask, other=0.0)
+    rows = slot_index(table, p, valid, hk, NSLOTS, BLOCK)
+    return kv_rows(kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows, valid[:, None] & dmask[None, :], d, HD, KV8, False, DOT)
 
 
 @triton.jit
-def _with_new_row(k, v, kc_ptr, vc_ptr, table, hk, NSLOTS, p, pos, d, dmask, HD, BLOCK: tl.constexpr):
+def _with_new_row(k, v, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, d, dmask, HD,
+                  BLOCK: tl.constexpr, KV8: tl.constexpr, DOT: tl.constexpr):
     """The tiles ``k``, ``v`` with the row of position ``pos`` read again: the kernel before this one may just have
     written it (read past L1, which may still hold what this program read before its wait)."""
     new = p == pos
     rmask = new[:, None] & dmask[None, :]
-    offs = slot_rows(table, p, new, hk, NSLOTS, HD, BLOCK)[:, None] + d[None, :]
-    return (tl.load(kc_ptr + offs, mask=rmask, other=k, cache_modifier=".cg"),
-            tl.load(vc_ptr + offs, mask=rmask, other=v, cache_modifier=".cg"))
+    rows = slot_index(table, p, new, hk, NSLOTS, BLOCK)
+    nk, nv = kv_rows(kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows, rmask, d, HD, KV8, True, DOT)
+    return tl.where(rmask, nk, k), tl.where(rmask, nv, v)
 
 
 @triton.jit
@@ -77,13 +105,14 @@ def _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP: tl.conste
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, seq_ptr, bt_ptr, BT_STRIDE, o_ptr, oq_ptr, od_ptr, po_ptr,
-                             pm_ptr, pl_ptr, cnt_ptr, H, HKV, HD, NSLOTS, NSPLIT: tl.constexpr, NPROG, scale, softcap,
-                             window, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, G: tl.constexpr,
-                             GC: tl.constexpr, MINB: tl.constexpr, SOLO: tl.constexpr, BN: tl.constexpr,
+def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_ptr, seq_ptr, bt_ptr, BT_STRIDE,
+                             o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV, HD, NSLOTS,
+                             NSPLIT: tl.constexpr, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr,
+                             WINDOW: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr,
+                             SOLO: tl.constexpr, BN: tl.constexpr,
                              NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BLOCK: tl.constexpr,
                              SKIP: tl.constexpr, Q8: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
-                             POLL: tl.constexpr):
+                             POLL: tl.constexpr, KV8: tl.constexpr):
     """Program (hk, c, t): the G query heads of KV head ``hk`` of token t (G = the group rounded up to a power of
     two, and to 16 for tensor-core dots) against chunk c of its visible keys, in BN-key tiles.
 
@@ -91,8 +120,10 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, seq_ptr, bt_ptr, BT
     max(MINB, ceil(tiles / NPROG)), or all of them up to SOLO tiles: shallow positions get one chunk per KV head,
     which writes the output directly (no partials, no ticket); deeper ones spread over up to NPROG programs, whose
     partials the last to draw a ticket combines, or with POLL the last chunk's program (GC: the group rounded up to
-    a power of two). Scores and the stored partial maxima are in log2 units (scale * log2(e) folded into q) so the
-    softmax uses exp2. Programs past ``nlive`` exit at once.
+    a power of two, and to 16 with KV8). KV8: the pools are int8 codes with scales at ``ks_ptr``/``vs_ptr`` and q
+    is rotated; outputs are rotated back by the matrix at ``r_ptr`` (kv_q8.py). Scores and the stored partial
+    maxima are in log2 units (scale * log2(e) folded into q) so the softmax uses exp2. Programs past ``nlive`` exit
+    at once.
 
     POLL needs no signal between programs: the last chunk's program waits for the others without deadlock because
     they never wait (programs are dispatched in order of c, and under PDL the next kernel launches only once every
@@ -131,10 +162,11 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, seq_ptr, bt_ptr, BT
         l_i = tl.zeros([G], dtype=tl.float32)
         acc = tl.zeros([G, BD], dtype=tl.float32)
         p = start + tl.arange(0, BN)
-        k, v = _kv_tile(kc_ptr, vc_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK)
+        k, v = _kv_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK, KV8, DOT)
         pdl.wait_prev(PDL)
         if start + BN > pos:
-            k, v = _with_new_row(k, v, kc_ptr, vc_ptr, table, hk, NSLOTS, p, pos, d, dmask, HD, BLOCK)
+            k, v = _with_new_row(k, v, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, d, dmask, HD, BLOCK,
+                                 KV8, DOT)
         q = tl.load(q_ptr + (t * H + h)[:, None] * HD + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
         if SOFTCAP:
             q = q * scale
@@ -143,11 +175,12 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, seq_ptr, bt_ptr, BT
         m_i, l_i, acc = _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP, DOT)
         for b in range(start + BN, end, BN):
             p = b + tl.arange(0, BN)
-            k, v = _kv_tile(kc_ptr, vc_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK)
+            k, v = _kv_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK, KV8,
+                            DOT)
             m_i, l_i, acc = _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP, DOT)
         h0 = t * H + hk * group  # the first head's row in the (tokens x heads) output and partials
         if nlive == 1:
-            _store_out(acc / l_i[:, None], o_ptr, oq_ptr, od_ptr, h0, group, HD, G, BD, Q8)
+            _store_out(acc / l_i[:, None], o_ptr, oq_ptr, od_ptr, r_ptr, h0, group, HD, G, BD, Q8, KV8)
         else:
             hp = h0 + gi
             tl.store(pm_ptr + hp * NSPLIT + c, m_i, mask=gmask)
@@ -156,8 +189,8 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, seq_ptr, bt_ptr, BT
                      mask=gmask[:, None] & dmask[None, :])
             if POLL:
                 if c == nlive - 1:
-                    _combine_poll(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, nlive, HD,
-                                  NSPLIT, GC, NS, BD, Q8)
+                    _combine_poll(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, r_ptr, h0, group, nlive, HD,
+                                  NSPLIT, GC, NS, BD, Q8, KV8)
             else:
                 # every thread's partial is written before the ticket (one thread draws it; release at gpu scope)
                 tl.debug_barrier()
@@ -165,14 +198,14 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, pos_ptr, seq_ptr, bt_ptr, BT
                 ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
                 if ticket == nlive - 1:
                     tl.store(counter, 0)
-                    _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, nlive - 1,
-                                    HD, NSPLIT, GC, NS, BS, BD, SKIP, Q8)
+                    _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, r_ptr, h0, group, nlive - 1,
+                                    HD, NSPLIT, GC, NS, BS, BD, SKIP, Q8, KV8)
 
 
 @triton.jit
-def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, last, HD, NSPLIT,
+def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, r_ptr, h0, group, last, HD, NSPLIT,
                     GG: tl.constexpr, NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, SKIP: tl.constexpr,
-                    Q8: tl.constexpr):
+                    Q8: tl.constexpr, KV8: tl.constexpr):
     """Heads [h0, h0 + group): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over splits [0, last].
 
     M (the maximum of the partial maxima) comes first, so the NS / BS steps of the sum are independent (unrolled);
@@ -196,12 +229,13 @@ def _combine_splits(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, la
             dl, da = _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, s0, NSPLIT, BS, BD)
             l_sum += dl
             acc += da
-    _store_out(acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None], o_ptr, oq_ptr, od_ptr, h0, group, HD, GG, BD, Q8)
+    _store_out(acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None], o_ptr, oq_ptr, od_ptr, r_ptr, h0, group, HD, GG, BD,
+               Q8, KV8)
 
 
 @triton.jit
-def _combine_poll(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, nlive, HD, NSPLIT: tl.constexpr,
-                  GG: tl.constexpr, NS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
+def _combine_poll(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, r_ptr, h0, group, nlive, HD, NSPLIT: tl.constexpr,
+                  GG: tl.constexpr, NS: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr, KV8: tl.constexpr):
     """_combine_splits in one step, without a fence: the partial slots hold NaN until their program's stores land
     (the scratch starts so, and this resets the slots it read), so the sums come out NaN until every live partial
     is in: read again. Triton may load m once per layout it is used in, each copy at its own moment, so its maximum
@@ -229,7 +263,7 @@ def _combine_poll(po_ptr, pm_ptr, pl_ptr, o_ptr, oq_ptr, od_ptr, h0, group, nliv
         missing = (tl.sum(tl.where(hmask[:, None] & dmask[None, :] & _is_nan(acc), 1, 0))
                    + tl.sum(tl.where(hmask & _is_nan(l_sum), 1, 0)))
         tries += 1
-    _store_out(acc / l_sum[:, None], o_ptr, oq_ptr, od_ptr, h0, group, HD, GG, BD, Q8)
+    _store_out(acc / l_sum[:, None], o_ptr, oq_ptr, od_ptr, r_ptr, h0, group, HD, GG, BD, Q8, KV8)
     tl.debug_barrier()  # every thread has read the partials before they are reset
     nan = float("nan")
     tl.store(pm_ptr + idx, tl.full([GG, NS], nan, tl.float32), mask=live)
@@ -264,15 +298,25 @@ def _combine_step(po_ptr, pm_ptr, pl_ptr, h, hmask, d, dmask, m_max, last, s0, N
 
 
 @triton.jit
-def _store_out(out, o_ptr, oq_ptr, od_ptr, h0, group, HD, G: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr):
+def _store_out(out, o_ptr, oq_ptr, od_ptr, r_ptr, h0, group, HD, G: tl.constexpr, BD: tl.constexpr, Q8: tl.constexpr,
+               KV8: tl.constexpr):
     """Store the [G, BD] outputs of heads h0 .. h0+group-1 (rows of the flat (tokens x heads, hd) output; rows past
     ``group`` are padding); Q8: also as int8 activations for the output projection (q8gemv.py; needs BD == HD, so
-    the heads are one contiguous run)."""
+    the heads are one contiguous run). KV8: ``out`` is in the int8 pool's rotated basis, rotated back by the matrix
+    at ``r_ptr`` 32 columns at a time (kv_q8.py; G >= 16, BD == HD; 1: in IEEE fp32, 2: on tf32 tensor cores)."""
     g = tl.arange(0, G)
-    d = tl.arange(0, BD)
-    tl.store(o_ptr + (h0 + g)[:, None] * HD + d[None, :], out, mask=(g < group)[:, None] & (d < HD)[None, :])
-    if Q8:
-        store_q8(tl.reshape(out, [G * BD]), h0 * HD, group * HD, oq_ptr, od_ptr, G * BD)
+    if KV8:
+        e = tl.arange(0, 32)
+        for c in tl.static_range(0, BD, 32):
+            oc = kv_q8.unrotated(out, r_ptr, c, BD, KV8 == 2)
+            tl.store(o_ptr + (h0 + g)[:, None] * HD + c + e[None, :], oc, mask=(g < group)[:, None])
+            if Q8:
+                store_q8_rows(oc, ((h0 + g) * HD + c) // 32, g < group, oq_ptr, od_ptr)
+    else:
+        d = tl.arange(0, BD)
+        tl.store(o_ptr + (h0 + g)[:, None] * HD + d[None, :], out, mask=(g < group)[:, None] & (d < HD)[None, :])
+        if Q8:
+            store_q8(tl.reshape(out, [G * BD]), h0 * HD, group * HD, oq_ptr, od_ptr, G * BD)
 
 
 def writes_q8(head_dim: int) -> bool:
@@ -327,26 +371,33 @@ class DecodeScratch:
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
            token_seq: torch.Tensor, block_tables: torch.Tensor, block_size: int, *, scale: float, window: int,
            softcap: float, out: torch.Tensor, scratch: DecodeScratch, q8: Q8Activation | None,
-           pdl_on: bool = False) -> torch.Tensor:
+           int8: kv_q8.Int8Layer | None = None, pdl_on: bool = False) -> torch.Tensor:
     """Attention of n tokens' q (n, H, hd), token i at ``positions[i]`` of sequence ``token_seq[i]`` (its row of
-    ``block_tables``), over the pools (hkv, n_slots, hd) → ``out`` (n, H*hd), and its int8 copy into ``q8``."""
+    ``block_tables``), over the pools (hkv, n_slots, hd) → ``out`` (n, H*hd), and its int8 copy into ``q8``.
+    ``int8``: the pools are that int8 layer's codes (q already rotated: kv_q8.write)."""
     n, h, hd = q.shape
     hkv, n_slots, _ = k_cache.shape
     assert n <= scratch.n_tokens and block_tables.stride(1) == 1
     group = triton.next_power_of_2(h // hkv)
     bd = max(16, triton.next_power_of_2(hd))
-    bn = max(16, scratch.tile_kb * 1024 // (bd * k_cache.element_size()))  # keys per K (or V) tile
+    # keys per K (or V) tile; int8 codes are dequantized into tiles as large as fp16 ones
+    bn = max(16, scratch.tile_kb * 1024 // (bd * max(2, k_cache.element_size())))
     assert q8 is None or writes_q8(hd)
     qargs = (q8.q, q8.d) if q8 is not None else (out, out)
     nsplit = scratch.m.shape[1]
     ns = triton.next_power_of_2(nsplit)
+    gc = max(16, group) if int8 is not None else group  # the combine's rows (rotated back by a dot: 16 or more)
     # splits per combine step (unrolled): 2 steps, or more where a step would hold > 64 values per thread
-    bs = min(ns, max(4096 // (group * bd), ns // 2), 2048 * scratch.warps // (group * bd))
+    bs = min(ns, max(4096 // (gc * bd), ns // 2), 2048 * scratch.warps // (gc * bd))
+    extra = (int8.k_scale, int8.v_scale, int8.rotation) if int8 is not None else (k_cache, k_cache, k_cache)
     _decode_attention_kernel[(hkv, scratch.nprog, n)](
-        q, k_cache, v_cache, positions, token_seq, block_tables, block_tables.stride(0), out, *qargs, scratch.o,
+        q, k_cache, v_cache, *extra, positions, token_seq, block_tables, block_tables.stride(0), out, *qargs, scratch.o,
         scratch.m, scratch.l, scratch.count, h, hkv, hd, n_slots, nsplit, scratch.nprog, scale, softcap or 1.0, window,
-        SOFTCAP=softcap > 0, WINDOW=window > 0, G=group if scratch.dot == "ieee" else max(16, group), GC=group,
+        SOFTCAP=softcap > 0, WINDOW=window > 0, G=group if scratch.dot == "ieee" and int8 is None else max(16, group),
+        GC=gc,
         MINB=max(1, scratch.chunk // bn), SOLO=scratch.solo // bn, BN=bn, NS=ns, BS=bs, BD=bd, BLOCK=block_size,
-        SKIP=scratch.skip, Q8=q8 is not None, DOT=scratch.dot, POLL=scratch.poll, num_warps=scratch.warps,
+        SKIP=scratch.skip, Q8=q8 is not None, DOT=scratch.dot, POLL=scratch.poll,
+        KV8=0 if int8 is None else 1 if scratch.dot == "ieee" else 2,
+        num_warps=scratch.warps,
         num_stages=2, **pdl.launch(pdl_on))
     return out

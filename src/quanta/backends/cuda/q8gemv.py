@@ -69,20 +69,36 @@ class Q8Activation:
 
 
 @triton.jit
-def store_q8(y, start, n_valid, q_ptr, d_ptr, BLOCK: tl.constexpr):
-    """Quantize ``y`` ([BLOCK] float32: elements start .. start+BLOCK-1 of a flat (m, k) array, ``start`` a
-    multiple of 32, the first ``n_valid`` real) to int8 with one scale per 32 (round half away from zero)."""
-    y2 = tl.reshape(y, [BLOCK // 32, 32])
+def _chunk_codes(y2):
+    """int8 codes of the chunks ``y2`` ([R, 32] float32; round half away from zero) in the dp4a byte order, and
+    their scales ([R])."""
+    R: tl.constexpr = y2.shape[0]
     amax = tl.max(tl.abs(y2), axis=1)
     inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
     t = y2 * inv[:, None]
     q = tl.where(t >= 0, t + 0.5, t - 0.5).to(tl.int8)
-    # element 8b + j of a chunk goes to byte 4j + b: a transpose in registers, then contiguous (vector) stores
-    q = tl.reshape(tl.permute(tl.reshape(q, [BLOCK // 32, 4, 8]), (0, 2, 1)), [BLOCK])
+    # element 8b + j of a chunk goes to byte 4j + b: a transpose in registers
+    return tl.reshape(tl.permute(tl.reshape(q, [R, 4, 8]), (0, 2, 1)), [R, 32]), amax / 127.0
+
+
+@triton.jit
+def store_q8(y, start, n_valid, q_ptr, d_ptr, BLOCK: tl.constexpr):
+    """Quantize ``y`` ([BLOCK] float32: elements start .. start+BLOCK-1 of a flat (m, k) array, ``start`` a
+    multiple of 32, the first ``n_valid`` real) to int8 with one scale per 32 (round half away from zero)."""
+    q, d = _chunk_codes(tl.reshape(y, [BLOCK // 32, 32]))
     i = tl.arange(0, BLOCK)
-    tl.store(q_ptr + start + i, q, mask=i < n_valid)
+    tl.store(q_ptr + start + i, tl.reshape(q, [BLOCK]), mask=i < n_valid)  # contiguous (vector) stores
     c = tl.arange(0, BLOCK // 32)
-    tl.store(d_ptr + start // 32 + c, amax / 127.0, mask=c * 32 < n_valid)
+    tl.store(d_ptr + start // 32 + c, d, mask=c * 32 < n_valid)
+
+
+@triton.jit
+def store_q8_rows(y2, chunks, valid, q_ptr, d_ptr):
+    """store_q8 of whole chunks: the rows of ``y2`` ([R, 32] float32) are chunks ``chunks`` ([R]) of the flat
+    array (``valid``: the rows to store)."""
+    q, d = _chunk_codes(y2)
+    tl.store(q_ptr + chunks[:, None] * 32 + tl.arange(0, 32)[None, :], q, mask=valid[:, None])
+    tl.store(d_ptr + chunks, d, mask=valid)
 
 
 @triton.jit
