@@ -7,7 +7,7 @@ scales lose far less. Scores need no un-rotation (q·k = qH·kH): the queries ar
 (``write``, which also applies rope where the backend's ``rope_qk`` hands it the table: one launch), and the
 attention kernels rotate their weighted sums of values back as they store them (``unrotated``). H is a (head_dim,
 head_dim) float32 matrix in device memory; head_dim must be a power of two, at least 32. Tested against float64
-numpy and the CPU backend's int8 pool (tests/backends/cuda/test_kv_q8.py).
+numpy and the CPU backend's int8 pool (tests/backends/cuda/test_int8_kv_pool.py).
 """
 
 from __future__ import annotations
