@@ -44,12 +44,6 @@ def slot_index(table, p, valid, hk, NSLOTS, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def slot_rows(table, p, valid, hk, NSLOTS, HD, BLOCK: tl.constexpr):
-    """Element offsets (int64) in a (hkv, n_slots, hd) pool of the rows of positions ``p`` (see slot_index)."""
-    return slot_index(table, p, valid, hk, NSLOTS, BLOCK) * HD
-
-
-@triton.jit
 def pool_rows(c_ptr, s_ptr, rows, mask, d, HD, KV8: tl.constexpr, CG: tl.constexpr, DOT: tl.constexpr):
     """The pool rows ``rows`` ([BN] int64) as a [BN, BD] tile (``mask``ed: 0): as stored, or with KV8 the int8
     pool's codes times their scales (at ``s_ptr``; kv_q8.py; in fp16 for fp16 dots). CG: loads past L1 (``.cg``)."""

@@ -51,11 +51,15 @@ def supports(head_dim: int) -> bool:
 
 
 @triton.jit
+def _columns(r_ptr, c, BD: tl.constexpr):
+    """Columns c .. c+31 of H: [BD, 32]."""
+    return tl.load(r_ptr + tl.arange(0, BD)[:, None] * BD + c + tl.arange(0, 32)[None, :])
+
+
+@triton.jit
 def _rotated_group(x, r_ptr, c, BD: tl.constexpr):
     """Columns c .. c+31 of x·H for rows x ([R, BD] float32): [R, 32] (IEEE products)."""
-    e = tl.arange(0, 32)
-    h = tl.load(r_ptr + tl.arange(0, BD)[:, None] * BD + c + e[None, :])
-    return tl.sum(x[:, :, None] * h[None, :, :], axis=1)
+    return tl.sum(x[:, :, None] * _columns(r_ptr, c, BD)[None, :, :], axis=1)
 
 
 @triton.jit
@@ -162,6 +166,4 @@ def unrotated(out, r_ptr, c, BD: tl.constexpr, HALF: tl.constexpr):
     """Columns c .. c+31 of out·H (out [R, BD] float32, R >= 16): the weighted sum of rotated values rotated back,
     in IEEE fp32 or with HALF on the tensor cores (tf32: operands rounded to 10-bit mantissas, as in the fast mode's
     attention dots)."""
-    e = tl.arange(0, 32)
-    h = tl.load(r_ptr + tl.arange(0, BD)[:, None] * BD + c + e[None, :])
-    return tl.dot(out, h, input_precision="tf32" if HALF else "ieee")
+    return tl.dot(out, _columns(r_ptr, c, BD), input_precision="tf32" if HALF else "ieee")
