@@ -1,7 +1,7 @@
 """Fast mode's error is that of 8-bit activations, nothing more: it matches ``q8(x) @ W.T`` computed in float64.
 
-The reference quantizes activations per 32 (``d = max|x| / 127``, ``round(x / d)``: llama.cpp's q8_0/q8_1) in
-numpy and multiplies by the gguf-py dequantized weight. A kernel that handles the weights' minimums or offsets
+The reference quantizes activations per 32 (``d = max|x| / 127``, ``round(x / d)``: llama.cpp's q8_0/q8_1), for
+the K-quants' GEMV per 256 (its q8_K), in numpy and multiplies by the gguf-py dequantized weight. A kernel that handles the weights' minimums or offsets
 with other sums than the quantized activations' (e.g. the exact fp32 sum) is several times worse than that.
 """
 
@@ -20,8 +20,8 @@ ON_ISA = {isa: qm.CPUThreads(2, isa=isa) for isa in host_isas()}
 FORMATS_WITH_MIN_OR_OFFSET = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 
 
-def _q8(x: np.ndarray) -> np.ndarray:
-    b = x.reshape(x.shape[0], -1, 32).astype(np.float64)
+def _q8(x: np.ndarray, block: int) -> np.ndarray:
+    b = x.reshape(x.shape[0], -1, block).astype(np.float64)
     d = np.abs(b).max(-1, keepdims=True) / 127
     q = np.rint(np.divide(b, d, out=np.zeros_like(b), where=d > 0))
     return (q * d).reshape(x.shape)
@@ -44,6 +44,7 @@ def test_fast_mode_error_is_the_activation_rounding(type_name, n, isa):
     x = rng.standard_normal((n, k)).astype(np.float32)
     x[:, 3] *= 25  # an outlier channel, as real activations have
     exact = x.astype(np.float64) @ dense.T
-    expected = _rel(_q8(x) @ dense.T, exact)
+    gemv = n < qm.q8_gemm_min_rows(isa, type_name)
+    expected = _rel(_q8(x, 256 if gemv and type_name.endswith("_K") else 32) @ dense.T, exact)
     got = _rel(qm.qmatmul(x, qm.prepare_weight(tensor), ON_ISA[isa], exact=False).astype(np.float64), exact)
     assert got <= 1.1 * expected + 1e-6

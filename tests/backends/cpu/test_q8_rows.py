@@ -22,9 +22,10 @@ pytestmark = pytest.mark.skipif(not ON_ISA, reason="the int8 kernels need AVX2")
 
 
 def q8_reference(x: np.ndarray, t: TensorInfo) -> np.ndarray:
-    """``q8(x) @ W.T`` in float64: llama.cpp's q8_0 rounding of x (per 32: d = max|x|/127, round(x/d))."""
+    """``q8(x) @ W.T`` in float64: llama.cpp's q8_0 rounding of x (per 32: d = max|x|/127, round(x/d)), for the
+    K-quants its q8_K (per 256)."""
     w = gguf.quants.dequantize(t.raw.reshape(t.shape[0], -1), gguf.GGMLQuantizationType[t.type]).astype(np.float64)
-    blocks = x.reshape(x.shape[0], -1, 32)
+    blocks = x.reshape(x.shape[0], -1, FORMATS[t.type].block_size if t.type.endswith("_K") else 32)
     d = np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     return (np.rint(blocks * inv) * d).reshape(x.shape).astype(np.float64) @ w.T
@@ -45,7 +46,8 @@ def test_rows_equal_the_row_alone_and_the_q8_reference(type_name, isa):
         t = random_tensor(type_name, 1600, k, seed=k)  # one thread's chunks take more than one 16 KB pass
         w = prepare_weight(t)
         x = rng.standard_normal((max(gemv_rows), k)).astype(np.float32)
-        x[1, 32:64] = 0  # an all-zero activation block (scale 0)
+        block = 256 if type_name.endswith("_K") else 32
+        x[1, block : 2 * block] = 0  # an all-zero activation block (scale 0)
         x[2] *= 40  # a row of another magnitude
         ref = q8_reference(x, t)
         for threads in ON_ISA[isa]:

@@ -1,4 +1,4 @@
-"""8-bit activation quantization for the fast-mode integer dot products (llama.cpp's q8_0 / q8_1 scheme).
+"""8-bit activation quantization for the fast-mode integer dot products (llama.cpp's q8_0 / q8_1 / q8_K schemes).
 
 Each block of 32 activations gets ``d = max|x| / 127`` and ``xq = round(x / d)`` (int8). Alongside we keep the
 block sum of the *quantized* activations ``d * sum(xq)`` (for the minimums of Q4_1/Q5_1 and the K-quants) and the
@@ -7,6 +7,9 @@ integer sum of ``xq`` (for the constant offsets of Q4_0/Q5_0/Q8_0, subtracted ex
 Why the quantized sum, as llama.cpp's q8_1 ``s``: the dot is then exactly ``w · x̂`` and its error ``w · (x̂ - x)``
 with centred weights ``w = d·u + m``. With the exact sum the error becomes ``d·u · (x̂ - x)``, where the all-positive
 codes ``u`` do not cancel: 3.4× the error on SmolLM2's Q4_1 layers and 2 points of top-1 agreement.
+
+The K-quant GEMVs take one scale per 256 activations instead (``superblock_activations``, llama.cpp's q8_K): the
+super-block's sub-block scales then apply in integer arithmetic and its float work is done once per 256 weights.
 """
 
 from __future__ import annotations
@@ -45,11 +48,11 @@ def quantize_q8_32(x, xq, xd, xsum, xqsum):
 
 
 @njit
-def gemv_activations(x, xq, xd, xsum, xstart, block_offset, lane_offset):
+def gemv_activations(x, xq, xd, xsum, xstart, block_offset):
     """The fast GEMV's q8 activations in the layout of ``q8_rows.py``: codes ``xq`` (n, 64 * pairs) in block pairs,
-    scales ``xd`` and sums ``xsum`` (groups, pairs, 8), and with a weight code offset the integer dots'
-    starting values ``xstart`` (n, pairs, 2, 8): ``-block_offset * sum(codes)`` in the first lane of each block
-    (Q4_0, Q5_0, Q8_0), or ``-lane_offset *`` the sum of each lane's four codes (Q6_K)."""
+    scales ``xd`` and sums ``xsum`` (groups, pairs, 8), and with a weight code offset (Q4_0, Q5_0, Q8_0) the
+    integer dots' starting values ``xstart`` (n, pairs, 2, 8): ``-block_offset * sum(codes)`` in the first lane of
+    each block."""
     n, k = x.shape
     nb, group = k // 32, xd.shape[2] // 2
     for t in range(n):
@@ -62,16 +65,39 @@ def gemv_activations(x, xq, xd, xsum, xstart, block_offset, lane_offset):
             if block_offset:
                 xstart[t, p, 0, 4 * j] = -block_offset * qs
                 xstart[t, p, 0, 4 * j + 1 : 4 * j + 4] = 0
-            elif lane_offset:
-                for h in range(2):
-                    for lane in range(4 * j, 4 * j + 4):
-                        s = np.int32(0)
-                        for b in range(32 * h + 4 * lane, 32 * h + 4 * lane + 4):
-                            s += np.int32(xq[t, 64 * p + b])
-                        xstart[t, p, h, lane] = -lane_offset * s
         if nb % 2:  # the last block's partner: zero codes, scales and starts
             xq[t, 32 * nb + 16 : 32 * nb + 32] = 0
             xq[t, 32 * nb + 48 : 32 * nb + 64] = 0
             xd[g, nb // 2, group + r] = 0
             xsum[g, nb // 2, group + r] = 0
             xstart[t, nb // 2, :, 4:] = 0
+
+
+@njit(fastmath=True)
+def superblock_activations(x, xq, xd, xsum, xstart):
+    """The K-quant GEMVs' activations (layout in ``q8_rows.py``): for super-block s of row t (group g = t // 4,
+    r = t % 4) the codes in their natural order in ``xq[t]``, the scale ``xd[g, s, r]`` (d = max|x| / 127), the
+    8 floats ``xsum[g, r * S + s]`` (S super-blocks per row): ``d * sum(codes)`` per 32 (Q4_K/Q5_K's minimums),
+    and the 16 integer sums per 16 (Q6_K's code offset) as int16 pairs in ``xstart[t, s, 0]``."""
+    n, k = x.shape
+    group, superblocks = xd.shape[2] // 2, k // 256
+    for t in range(n):
+        g, r = t // group, t % group
+        for s in range(superblocks):
+            amax = np.float32(0.0)
+            for j in range(256 * s, 256 * s + 256):
+                amax = max(amax, abs(x[t, j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+            xd[g, s, r] = d
+            for b in range(8):  # 32 codes: two sums of 16, packed little-endian into one int32
+                first = second = np.int32(0)
+                for j in range(256 * s + 32 * b, 256 * s + 32 * b + 32):
+                    q = np.int32(np.rint(x[t, j] * inv))
+                    xq[t, j] = q
+                    if j % 32 < 16:
+                        first += q
+                    else:
+                        second += q
+                xstart[t, s, 0, b] = (first & 0xFFFF) | (second << 16)
+                xsum[g, r * superblocks + s, b] = d * np.float32(first + second)

@@ -2,7 +2,9 @@
 
 ``vpdpbusd`` (VNNI): u8 x s8, four products summed into each i32 lane, added to an accumulator. AVX2:
 ``vpmaddubsw`` (pairs of products into saturating i16) then ``vpmaddwd`` by ones (pairs of i16 into i32). The
-codes ``u`` are the weights' unsigned codes, the ``x`` int8 activations in [-127, 127].
+codes ``u`` are the weights' unsigned codes, the ``x`` int8 activations in [-127, 127]. ``dot_scaled``: the pair
+sums weighted by i16 scales before they are added (``vpmaddubsw``, then ``vpdpwssd`` or ``vpmaddwd``), as
+llama.cpp's K-quant dots apply their sub-block scales.
 """
 
 from __future__ import annotations
@@ -10,9 +12,8 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
-from quanta.backends.cpu.kernels.simd import I8, I32, const_vec, vec
+from quanta.backends.cpu.kernels.simd import I8, I16, I32, const_vec, vec
 
-I16 = ir.IntType(16)
 _V8 = vec(I32, 8)
 
 
@@ -42,6 +43,29 @@ def dot_u8s8(isa: str, builder, u, x, start=None):
     else:
         s = _quads(builder, _pairs(builder, u, x))
     return s if start is None else builder.add(start, s)
+
+
+def madd_i16(isa: str, builder, a, b):
+    """<8 x i32>: ``a[2l] * b[2l] + a[2l+1] * b[2l+1]`` of two <16 x i16> (``vpmaddwd``)."""
+    if isa == "portable":
+        p = builder.mul(builder.sext(a, vec(I32, 16)), builder.sext(b, vec(I32, 16)))
+        return builder.add(*(builder.shuffle_vector(p, p, const_vec(I32, range(j, 16, 2))) for j in (0, 1)))
+    return _call(builder, "llvm.x86.avx2.pmadd.wd", _V8, a, b)
+
+
+def dot_scaled(isa: str, builder, acc, u, x, scales):
+    """``acc`` (<8 x i32>) plus, per i32 lane l, ``p[2l] * scales[2l] + p[2l+1] * scales[2l+1]`` where ``p``
+    (<16 x i16>) holds the pair sums ``u[2i] * x[2i] + u[2i+1] * x[2i+1]`` of two <32 x i8> (u unsigned, every pair
+    sum within an i16: u <= 63 for any x)."""
+    if isa == "portable":
+        p = builder.mul(builder.zext(u, vec(I32, 32)), builder.sext(x, vec(I32, 32)))
+        p = builder.trunc(builder.add(*(builder.shuffle_vector(p, p, const_vec(I32, range(j, 32, 2))) for j in (0, 1))),
+                          vec(I16, 16))
+        return builder.add(acc, madd_i16(isa, builder, p, scales))
+    p = _pairs(builder, u, x)
+    if isa == "avx2":
+        return builder.add(acc, _call(builder, "llvm.x86.avx2.pmadd.wd", _V8, p, scales))
+    return _call(builder, "llvm.x86.avx512.vpdpwssd.256", _V8, acc, builder.bitcast(p, _V8), builder.bitcast(scales, _V8))
 
 
 def dot_s8s8(isa: str, builder, q, x, start=None):

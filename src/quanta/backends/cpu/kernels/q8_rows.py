@@ -15,6 +15,9 @@ block 2p+1's, each lane summing 4 weights of the first half of its block (vector
   (and ``scale * sum(codes)``) of block 2p of the 4 rows, then of block 2p+1 (one load per pair for a whole
   pass);
 - ``xstart`` (n, pairs, 2, 8) int32: the integer dots' starting values (the code offsets of the weights).
+The K-quants' row dots take one activation scale per 256 instead (``activations.superblock_activations``): codes
+in their natural order, and per super-block a scale per row, 8 sums per 32 and 16 integer sums per 16 in the same
+arrays (``ActRows.superblock_*``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quanta.backends.cpu.kernels.isa import isa_of
-from quanta.backends.cpu.kernels.simd import F32, I8, I32, data_ptr, load_vec, vec
+from quanta.backends.cpu.kernels.simd import F32, I8, I16, I32, data_ptr, load_vec, vec
 
 ROWS_PER_PASS = 4  # activation rows per pass at most (a variant of the pass is compiled for each count)
 
@@ -33,8 +36,9 @@ ROWS_PER_PASS = 4  # activation rows per pass at most (a variant of the pass is 
 class ActRows:
     """A pass's activation rows as a row body sees them (layout in the module docstring)."""
 
-    def __init__(self, builder, codes, starts, xd, xsum):
+    def __init__(self, builder, codes, starts, xd, xsum, pairs):
         self.builder, self._codes, self._starts, self._xd, self._xsum = builder, codes, starts, xd, xsum
+        self._pairs = pairs
 
     def __len__(self) -> int:
         return len(self._codes)
@@ -57,6 +61,23 @@ class ActRows:
     def sums(self, p):
         """<2 * rows x float>: ``scale * sum(codes)`` of block 2p of each row, then of block 2p+1."""
         return self._pair(self._xsum, p)
+
+    def superblock_scales(self, s):
+        """<rows x float>: each row's activation scale of super-block ``s`` (K-quant layout)."""
+        b, n = self.builder, len(self)
+        v = load_vec(b, self._xd, b.mul(s, ir.Constant(s.type, 2 * ROWS_PER_PASS)), F32, ROWS_PER_PASS)
+        return v if n == ROWS_PER_PASS else b.shuffle_vector(v, v, ir.Constant(vec(I32, n), list(range(n))))
+
+    def superblock_sums(self, t: int, s):
+        """<8 x float>: row ``t``'s ``scale * sum(codes)`` of each 32 of super-block ``s`` (K-quant layout)."""
+        b = self.builder
+        row = b.mul(ir.Constant(s.type, 2 * t), self._pairs)
+        return load_vec(b, self._xsum, b.add(row, b.mul(s, ir.Constant(s.type, 8))), F32, 8)
+
+    def superblock_sums16(self, t: int, s):
+        """<16 x i16>: row ``t``'s integer sums of each 16 codes of super-block ``s`` (K-quant layout)."""
+        b = self.builder
+        return load_vec(b, b.bitcast(self._starts[t], I16.as_pointer()), b.mul(s, ir.Constant(s.type, 32)), I16, 16)
 
     def _pair(self, base, p):
         b, n = self.builder, len(self)
@@ -129,7 +150,7 @@ def rows_dot_q8_intrinsic(name: str, row_body, block_size: int, type_size: int):
             ts = [builder.add(t0, c(t)) for t in range(rows)]
             acts = ActRows(builder, [builder.gep(qp, [builder.mul(t, row_codes)]) for t in ts],
                            [builder.gep(xsp, [builder.mul(t, builder.mul(pairs, c(16)))]) for t in ts],
-                           *(builder.gep(ptr, [builder.mul(t0, builder.mul(pairs, c(2)))]) for ptr in (dp, sp)))
+                           *(builder.gep(ptr, [builder.mul(t0, builder.mul(pairs, c(2)))]) for ptr in (dp, sp)), pairs)
             with cgutils.for_range_slice(builder, r0, r1, c(1)) as (r, _):
                 bp = builder.gep(base, [builder.mul(r, row_bytes)])
                 for t, value in enumerate(row_body(isa, builder, bp, acts, nb32)):

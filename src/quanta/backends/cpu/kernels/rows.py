@@ -28,6 +28,7 @@ from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
 
 PASS_BYTES = 16 << 10  # weight bytes per pass when several passes read them (L1 holds them and the activations)
 
+SUPERBLOCK_FORMATS = (7, 8, 9)  # Q4_K, Q5_K, Q6_K: activations with one scale per 256 in the fast GEMV
 FORMAT_CODES = {
     "Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4,
     "Q2_K": 5, "Q3_K": 6, "Q4_K": 7, "Q5_K": 8, "Q6_K": 9,
@@ -108,18 +109,16 @@ def rows_dot(fmt, raw2d, r0, r1, x, xsum, out, buf):
 
 
 @njit
-def dot_offsets(isa, fmt):
-    """``(block_offset, lane_offset)`` of ``activations.gemv_activations`` for format ``fmt`` on ``isa``'s path:
-    the code offsets its row dots take from the integer dots' starting values."""
+def dot_offset(isa, fmt):
+    """The code offset that format ``fmt``'s row dots on ``isa``'s path take from the integer dots' starting
+    values (``activations.gemv_activations``'s ``block_offset``)."""
     if fmt == 0:
-        return 8, 0
+        return 8
     if fmt == 2:
-        return 16, 0
+        return 16
     if fmt == 4:
-        return q8_0_offset(isa), 0
-    if fmt == 9:
-        return 0, 32
-    return 0, 0
+        return q8_0_offset(isa)
+    return 0
 
 
 @njit
@@ -128,7 +127,7 @@ def rows_dot_q8(isa, fmt, raw2d, r0, r1, xq, xd, xsum, xstart, out):
     type of ``isa`` (``isa.token``): each pass over the weights serves up to ``ROWS_PER_PASS`` activation rows,
     every row computed exactly as alone (``q8_rows.py``). The passes of more rows than that take the weights
     ``PASS_BYTES`` at a time, so that the second pass finds them in L1. Activations from
-    ``activations.gemv_activations``."""
+    ``activations.gemv_activations``, for the K-quants (``SUPERBLOCK_FORMATS``) ``superblock_activations``."""
     n = xq.shape[0]
     step = r1 - r0 if n <= ROWS_PER_PASS else max(1, PASS_BYTES // raw2d.shape[1])
     for a in range(r0, r1, step):

@@ -17,6 +17,7 @@ from numba.extending import intrinsic
 F32 = ir.FloatType()
 HALF = ir.HalfType()
 I8 = ir.IntType(8)
+I16 = ir.IntType(16)
 I32 = ir.IntType(32)
 LANES = 16
 

@@ -27,13 +27,13 @@ import weakref
 import numpy as np
 from numba import njit
 
-from quanta.backends.cpu.kernels.activations import gemv_activations
+from quanta.backends.cpu.kernels.activations import gemv_activations, superblock_activations
 from quanta.backends.cpu.kernels.atomics import (
     atomic_add, atomic_load, atomic_store, compare_exchange, cycles, f32_array_1d, f32_array_2d, f32_array_3d, futex_wait,
     futex_wake, i8_array_2d, i32_array_4d, spin_pause, u8_array_2d, yield_cpu,
 )  # fmt: skip
 from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
-from quanta.backends.cpu.kernels.rows import dot_offsets, rows_dot, rows_dot_q8
+from quanta.backends.cpu.kernels.rows import SUPERBLOCK_FORMATS, dot_offset, rows_dot, rows_dot_q8
 
 SEQ, SLEEPERS, QUIT, CALLER_CHUNKS, ALL_CHUNKS, JOBS = (8 * i for i in range(6))
 LINE = 16  # words from one thread's NEXT and DONE to the next thread's: each word on a cache line of its own
@@ -162,8 +162,10 @@ def gemv_q8(isa, ctl, job, fmt, raw2d, x, out, chunks, xq, xd, xsum, xstart):
     """Fast-mode GEMV ``out = q8(x) @ W.T``: activations quantized on the caller into its scratch (layout in
     ``q8_rows.py``), then the row chunks shared with the workers. All arrays C-contiguous; the kernel allocates
     nothing. Returns ``_run_job``'s flag."""
-    block_offset, lane_offset = dot_offsets(isa, fmt)
-    gemv_activations(x, xq, xd, xsum, xstart, block_offset, lane_offset)
+    if fmt in SUPERBLOCK_FORMATS:
+        superblock_activations(x, xq, xd, xsum, xstart)
+    else:
+        gemv_activations(x, xq, xd, xsum, xstart, dot_offset(isa, fmt))
     _describe(job, GEMV_Q8, fmt, chunks, raw2d, xq, out, xd, xsum, xstart, xd.shape[0], xstart)
     return _run_job(ctl, job, isa)
 
