@@ -1,8 +1,10 @@
-"""n-gram speculative decoding: drafting, the gate, the verify rule (exact for greedy, distribution-preserving for
-sampling: chi-square), and the engine's output with speculation = without it."""
+"""n-gram speculative decoding: drafting, the gate and its measured step costs (synthetic timings), the verify rule
+(exact for greedy, distribution-preserving for sampling: chi-square), and the engine's output with speculation =
+without it, whatever the gate decides."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -12,6 +14,7 @@ from scipy.stats import chisquare
 from quanta.api import LLM
 from quanta.engine.sampler import SamplingParams, candidates, verify
 from quanta.engine.speculation import NgramDrafter, SpeculativeConfig
+from quanta.engine.step_cost import StepCosts
 
 
 def test_the_longest_earlier_ngram_proposes_what_followed_it():
@@ -32,6 +35,99 @@ def test_the_gate_stops_drafting_when_it_cannot_pay():
     assert cheap.best_k() == 0
     costly = NgramDrafter(SpeculativeConfig(max_draft=4, extra_token_cost=1.0, prior=0.9))
     assert costly.best_k() == 0  # a verified token costs a whole step: drafting never wins
+
+
+def measured(costs: StepCosts, seqs: int = 1, plain: float = 1.0) -> StepCosts:
+    for _ in range(2):  # the first plain step of a batch size is not counted
+        costs.observe(seqs, 0, plain)
+    return costs
+
+
+def confident(costs: StepCosts | None, rate: float = 0.9) -> NgramDrafter:
+    d = NgramDrafter(SpeculativeConfig(max_draft=4), costs)
+    d.rate = rate
+    return d
+
+
+def decode(d: NgramDrafter, costs: StepCosts, steps: int, verify, accept: float) -> tuple[float, float]:
+    """``steps`` steps of a sequence that drafts what its gate says, a verify step of k drafts costing
+    ``verify(k)`` plain steps and keeping ``accept`` of them on average: (time, tokens)."""
+    time = tokens = 0.0
+    for _ in range(steps):
+        k = d.best_k()
+        t = verify(k) if k else 1.0
+        costs.observe(1, k, t)
+        kept = sum(accept ** i for i in range(1, k + 1))  # the expected drafts kept
+        d.record(k, round(kept))
+        d.rate = accept  # the sequence's acceptance stays what it is
+        time, tokens = time + t, tokens + 1 + kept
+    return time, tokens
+
+
+def test_no_drafts_before_a_plain_step_is_timed_then_the_prior_prices_them():
+    costs = StepCosts(0.2, 4)
+    d = confident(costs)
+    assert d.best_k() == 0
+    measured(costs)
+    assert d.best_k() == 4 and costs.relative(4) == pytest.approx(1.8)
+    assert measured(StepCosts(0.2, 4), seqs=8).relative(1) == pytest.approx(1 + 0.2 / 2.4)  # a row of 8
+
+
+def test_a_costly_verify_stops_drafting_and_is_probed_rarely():
+    """A verify step costing 5 plain steps never pays (4 drafts make at most 5 tokens): a few verify steps, then
+    only probes; at 90% acceptance the steady state is within 2% of plain decoding."""
+    costs = measured(StepCosts(0.2, 4))
+    d = confident(costs)
+    decode(d, costs, 20, lambda k: 5.0, 0.9)
+    assert costs.batches[1].verifies <= 3 and costs.relative(4) > 4 and d.best_k() == 0
+    time, tokens = decode(d, costs, 20_000, lambda k: 5.0, 0.9)
+    assert time / tokens < 1.02
+    assert costs.batches[1].verifies < 12  # probes, each wait longer than the last
+
+
+def test_a_cheap_verify_keeps_drafting_and_is_measured():
+    costs = measured(StepCosts(0.5, 4))  # a pessimistic prior: 4 drafts at 90% would not pay
+    d = confident(costs)
+    assert d.best_k() in (1, 2)
+    for k in (1, 2, 3, 4) * 10:
+        costs.observe(1, k, 1.1 + 0.1 * k)
+    a, b = costs.batches[1].fit
+    assert a == pytest.approx(1.1, abs=0.05) and b == pytest.approx(0.1, abs=0.02)
+    assert d.best_k() == 4  # measured costs override the prior
+    time, tokens = decode(d, costs, 1000, lambda k: 1.1 + 0.1 * k, 0.9)
+    assert costs.batches[1].verifies > 900 and tokens / time > 2
+
+
+def test_a_stray_pause_does_not_stop_drafting():
+    costs = measured(StepCosts(0.2, 4))
+    for _ in range(10):
+        costs.observe(1, 4, 1.8)
+    d = confident(costs, rate=0.8)
+    k = d.best_k()
+    costs.observe(1, 4, 200.0)  # a pause: taken as at most 4x the fit
+    assert d.best_k() > 0
+    for _ in range(10):
+        costs.observe(1, 4, 1.8)
+    assert d.best_k() == k
+    costs.observe(1, 0, 100.0)
+    assert costs.batches[1].plain == pytest.approx(1.2)  # a plain step's time grows at most 2x per step
+
+
+def test_shadow_drafts_keep_the_acceptance_rate_while_nothing_is_verified():
+    d = confident(None, rate=0.5)
+    tokens = [1, 2, 3, 4, 5]
+    for _ in range(8):
+        for t in (1, 2, 3, 4, 5):  # the cycle repeats: every shadow draft would have been kept
+            tokens.append(t)
+            d.follow(tokens, len(tokens))
+    assert d.rate > 0.85
+    for t in np.random.default_rng(0).integers(1, 6, 60):  # the same tokens at random: drafts fail
+        tokens.append(int(t))
+        d.follow(tokens, len(tokens))
+    assert d.rate < 0.4
+    rate = d.rate
+    d.follow(tokens + [99, 98], len(tokens))  # tokens past ``known`` are not read
+    assert d.rate == rate and d.shadow is not None and d.shadow[0] == len(tokens)
 
 
 def test_greedy_verify_keeps_exactly_the_argmax_chain():
@@ -76,8 +172,12 @@ REPETITIVE = ["Repeat this list exactly: apple, banana, cherry, date, elderberry
 
 @pytest.fixture(scope="module")
 def pair(smollm2_path):
+    """Plain and speculative engines; the latter's steps all take one tick of its clock (verify steps cost what plain
+    ones do: drafting pays wherever a draft is kept)."""
     kw = dict(device="cpu", exact=True, n_ctx=256, max_batched_tokens=64)
-    return LLM(smollm2_path, **kw), LLM(smollm2_path, speculative="ngram", **kw)
+    spec = LLM(smollm2_path, speculative="ngram", **kw)
+    spec.engine.clock = itertools.count().__next__
+    return LLM(smollm2_path, **kw), spec
 
 
 def test_greedy_with_speculation_is_token_for_token_plain_greedy(pair):
@@ -99,3 +199,30 @@ def test_speculation_keeps_stops_and_limits(pair):
             a, b = plain.generate(p, **kw), spec.generate(p, **kw)
             assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
     assert spec.engine.blocks.n_used == 0
+
+
+@pytest.mark.parametrize("verify_ticks", [0, 4])
+def test_the_gate_follows_the_measured_cost_with_steps_queued_ahead(pair, monkeypatch, verify_ticks):
+    """A verify step costs 1 or 5 plain steps on a clock that ticks as the forward runs; steps are queued ahead
+    (as on a device) while no gate drafts. Where verifying is dear the engine soon drafts nothing; the tokens are
+    plain greedy's either way."""
+    plain, spec = pair
+    engine = spec.engine
+    ticks = [0.0]
+    run = engine.runner.run
+
+    def timed(batch, *args):
+        ticks[0] += 1 + verify_ticks * any(seq.draft for seq in batch.seqs)
+        return run(batch, *args)
+
+    monkeypatch.setattr(engine.runner, "run", timed)
+    monkeypatch.setattr(engine, "clock", lambda: ticks[0])
+    monkeypatch.setattr(engine, "costs", StepCosts(0.2, 4))
+    monkeypatch.setattr(engine, "asynchronous", True)
+    kw = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    want = [r.token_ids for r in plain.generate(REPETITIVE[:4], **kw)]
+    got = [spec.generate(p, **kw) for p in REPETITIVE[:4]]
+    assert [r.token_ids for r in got] == want
+    verifies = sum(r.stats.verify_steps for r in got)
+    assert verifies <= 4 if verify_ticks else verifies >= 8
+    assert engine.blocks.n_used == 0

@@ -4,7 +4,8 @@ Three prompt sets of eight chat prompts each: repetitive or grounded output (rep
 edit a given snippet), prose, and code from scratch. Each prompt is decoded greedily by the same model twice per
 repeat, with and without speculation, alternating; greedy speculation is lossless, so both produce the same tokens
 and the ratio of their decode times is the speed-up. Per set: the speed-up of the summed decode times (median over
-repeats), the drafts' acceptance rate and the tokens each verify step yields.
+repeats), the drafts' acceptance rate, the tokens each verify step yields, and the verify step's cost a + b*k in
+plain steps as the gate has measured it so far (``quanta.engine.step_cost``).
 """
 
 from __future__ import annotations
@@ -95,11 +96,14 @@ def run_speculative(cfg: SpeculativeBenchConfig) -> dict[str, Any]:
         drafted = sum(s.draft_tokens for s in spec_stats)
         accepted = sum(s.accepted_tokens for s in spec_stats)
         verifies = sum(s.verify_steps for s in spec_stats)
+        cost = spec.engine.costs.batches.get(1)  # one sequence at a time
         report["sets"][name] = {"speedup": statistics.median(ratios), "speedup_min": min(ratios),
                                 "speedup_max": max(ratios), "identical_tokens": same,
                                 "acceptance": accepted / drafted if drafted else 0.0,
                                 "tokens_per_verify": (accepted + verifies) / verifies if verifies else 0.0,
-                                "verify_steps_per_request": verifies / len(spec_stats)}
+                                "verify_steps_per_request": verifies / len(spec_stats),
+                                "verify_cost": list(cost.fit) if cost else None,
+                                "verify_steps_timed": cost.verifies if cost else 0}
     plain.close()
     spec.close()
     return report
@@ -108,8 +112,13 @@ def run_speculative(cfg: SpeculativeBenchConfig) -> dict[str, Any]:
 def format_speculative(report: dict[str, Any]) -> str:
     lines = [f"model {report['model']} · {report['device']} · greedy, {report['decode_tokens']} tokens per prompt, "
              f"{report['repeats']} repeats", "",
-             f"{'prompts':<12}{'speed-up':>10}{'min-max':>14}{'acceptance':>12}{'tok/verify':>12}{'same tokens':>13}"]
+             (f"{'prompts':<12}{'speed-up':>10}{'min-max':>14}{'acceptance':>12}{'tok/verify':>12}"
+              f"{'same tokens':>13}{'verify cost (timed)':>22}")]
     for name, r in report["sets"].items():
+        cost = f"{r['verify_cost'][0]:.2f}+{r['verify_cost'][1]:.2f}k" if r["verify_cost"] else "-"
         lines.append(f"{name:<12}{r['speedup']:>9.2f}x{r['speedup_min']:>8.2f}-{r['speedup_max']:<5.2f}"
-                     f"{r['acceptance']:>12.0%}{r['tokens_per_verify']:>12.2f}{str(r['identical_tokens']):>13}")
+                     f"{r['acceptance']:>12.0%}{r['tokens_per_verify']:>12.2f}{str(r['identical_tokens']):>13}"
+                     f"{cost + ' (' + str(r['verify_steps_timed']) + ')':>22}")
+    lines.append("verify cost: a step verifying k drafts, in plain steps, as measured by the end of the set "
+                 "(verify steps timed)")
     return "\n".join(lines)

@@ -2,12 +2,15 @@
 
 A step is schedule → run → sample → postprocess: the scheduler picks the batch, the model runner computes its
 logits, the sampler picks each finishing chunk's next token, and the sequences take their tokens (detokenized,
-stop conditions checked). The engine is not thread-safe: one loop (the API's streams, the server) owns it.
+stop conditions checked). With speculation on, each decode step is timed: the gate prices drafts with what steps
+cost on this backend (``StepCosts``). The engine is not thread-safe: one loop (the API's streams, the server) owns
+it.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence as Seq
 from typing import Any
@@ -23,6 +26,7 @@ from quanta.engine.sampler import BatchSampler, SamplingParams, on_device
 from quanta.engine.scheduler import ScheduledBatch, Scheduler
 from quanta.engine.sequence import PENDING, Sequence
 from quanta.engine.speculation import NgramDrafter
+from quanta.engine.step_cost import StepCosts
 from quanta.engine.stop import StopConditions
 from quanta.errors import ContextOverflowError, QuantaError
 from quanta.models.base import Model
@@ -34,11 +38,14 @@ NON_FINITE = ("the model produced non-finite logits (NaN or inf): its weights ar
 @dataclass
 class Launched:
     """A queued step: its batch, the sequences it samples for, the indices their tokens were reserved at, and the
-    tokens (on the device, or already on the host), with ``rows``: (sequence id, index) → row of ``tokens``."""
+    tokens (on the device, or already on the host), with ``rows``: (sequence id, index) → row of ``tokens``;
+    ``started``: when it was scheduled; ``shape``: (sequences, draft rows) of a decode step that is timed."""
 
     batch: ScheduledBatch
     sampling: list[Sequence]
     indices: list[int]
+    started: float = 0.0
+    shape: tuple[int, int] | None = None
     tokens: Any = None
     read_tokens: Callable[[], np.ndarray] | None = None
     host_tokens: list[list[int]] | None = None
@@ -49,7 +56,8 @@ class Launched:
 class LLMEngine:
     """Continuous batching over a paged KV cache for one model on one backend (see the package's modules)."""
 
-    def __init__(self, model: Model, backend: Backend, tokenizer: Any, config: EngineConfig, n_ctx: int):
+    def __init__(self, model: Model, backend: Backend, tokenizer: Any, config: EngineConfig, n_ctx: int,
+                 clock: Callable[[], float] = time.perf_counter):
         self.config = config.resolved(backend.name)
         self.model, self.backend, self.tokenizer, self.n_ctx = model, backend, tokenizer, n_ctx
         self.runner = ModelRunner(model, backend, self.config, n_ctx)
@@ -62,6 +70,10 @@ class LLMEngine:
         self._on_host = 0  # live requests whose tokens are sampled on the host (no step overlap while any)
         self._inflight: Launched | None = None
         self._ids = itertools.count()
+        spec = self.config.speculative
+        self.costs = StepCosts(spec.extra_token_cost, spec.max_draft) if spec is not None else None
+        self.clock = clock
+        self._done = 0.0  # when the latest step completed
 
     # ---- requests --------------------------------------------------------------------------------------------
     def add_request(self, prompt_ids: Seq[int], params: SamplingParams, stop: StopConditions,
@@ -76,7 +88,7 @@ class LLMEngine:
                 f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx} (prompt + at least one "
                 f"generated token); shorten the prompt or raise n_ctx")
         spec = self.config.speculative
-        drafter = NgramDrafter(spec) if spec is not None and constraint is None else None
+        drafter = NgramDrafter(spec, self.costs) if spec is not None and constraint is None else None
         # constrained text is exactly what the grammar accepted: special tokens it names (tool-call tags) kept,
         # no space clean-up
         decoder = self.tokenizer.stream_decoder(skip_special=constraint is None, clean=constraint is None)
@@ -113,15 +125,17 @@ class LLMEngine:
         On an asynchronous backend, while every live request is plain greedy, the forward is queued before the
         previous step's tokens are read (its inputs come from those tokens on the device): the host's work overlaps
         the device's. A request that stops (end-of-generation token, stop string) is then found one step late; the
-        extra step's token is dropped."""
+        extra step's token is dropped. A step in which a gate drafts waits for the tokens (drafts are looked up in
+        them)."""
+        started = self.clock()
         outputs = [self._finished(seq) for seq in self._ended]
         self._ended.clear()
-        overlap = self.asynchronous and self._on_host == 0
+        overlap = self.asynchronous and self._on_host == 0 and not self._drafting()
         if self._inflight is not None and not overlap:
             outputs += self._complete(self._inflight)
             self._inflight = None
         batch = self.scheduler.schedule()
-        launched = self._launch(batch) if batch.seqs else None
+        launched = self._launch(batch, started) if batch.seqs else None
         if self._inflight is not None:
             outputs += self._complete(self._inflight)
         self._inflight = launched if overlap else None
@@ -129,13 +143,21 @@ class LLMEngine:
             outputs += self._complete(launched)
         return outputs
 
-    def _launch(self, batch: ScheduledBatch) -> Launched:
+    def _drafting(self) -> bool:
+        """Whether the gate of a running sequence drafts in this step."""
+        return self.costs is not None and any(seq.drafter is not None and seq.drafter.best_k() > 0
+                                              for seq in self.scheduler.running)
+
+    def _launch(self, batch: ScheduledBatch, started: float) -> Launched:
         """Queue ``batch``'s forward and its sampling; each sampling sequence reserves its next token."""
         previous = self._inflight
         logits = self.runner.run(batch, previous.tokens if previous else None, previous.rows if previous else None)
         sampling = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
-        launched = Launched(batch, sampling, [])
-        if sampling and all(on_device(seq) for seq in sampling):
+        launched = Launched(batch, sampling, [], started=started)
+        if self.costs is not None and len(sampling) == len(batch) and all(
+                n == 1 + len(seq.draft) for seq, n in zip(batch.seqs, batch.num_tokens)):  # no prefill chunk
+            launched.shape = (len(batch), sum(len(seq.draft) for seq in batch.seqs))
+        if sampling and all(on_device(seq) and not seq.draft for seq in sampling):
             launched.tokens = self.sampler.on_device(logits)
             launched.read_tokens = self.backend.to_host_later(launched.tokens)
         elif sampling:  # before the reservations: penalties read the context
@@ -159,7 +181,8 @@ class LLMEngine:
                 self._end(seq, "error", NON_FINITE)
                 outputs.append(self._finished(seq))
                 continue
-            if seq.draft:
+            drafted = bool(seq.draft)
+            if drafted:
                 self._settle_draft(seq, len(new) - 1)
             kept: list[int] = []
             text = ""
@@ -169,6 +192,8 @@ class LLMEngine:
                     kept.append(token)
                 if seq.finish_reason is not None:
                     break
+            if seq.drafter is not None and not drafted and seq.finish_reason is None:
+                seq.drafter.follow(seq.token_ids, index + 1)
             kept_lps = lps[:len(kept)]
             self._register(seq)  # before a finished sequence frees its blocks: they stay cached for later requests
             if seq.finish_reason is not None:
@@ -179,6 +204,10 @@ class LLMEngine:
         for seq in launched.batch.seqs:
             if not seq.is_finished:
                 self._register(seq)
+        now = self.clock()
+        if launched.shape is not None and self.costs is not None:
+            self.costs.observe(*launched.shape, now - max(self._done, launched.started))
+        self._done = now
         return outputs
 
     def _register(self, seq: Sequence) -> None:

@@ -214,8 +214,9 @@ def verify(rows: np.ndarray, draft: Seq[int], params: SamplingParams, rng: np.ra
 
 
 def on_device(seq: Sequence) -> bool:
-    """Whether ``seq``'s tokens can be picked on the device: plain greedy, no constraint, no drafts to verify."""
-    return seq.params.plain_greedy and seq.constraint is None and seq.drafter is None
+    """Whether ``seq``'s tokens can be picked on the device: plain greedy, no constraint (and, in a step, no drafts
+    to verify)."""
+    return seq.params.plain_greedy and seq.constraint is None
 
 
 class BatchSampler:

@@ -8,9 +8,12 @@ tokens arrive, makes each lookup O(max_ngram).
 Verifying: the step computes the sequence's last token and its k drafts, with logits for all k + 1 rows; the
 sampler keeps what plain decoding would have produced (``quanta.engine.sampler.verify``).
 
-The gate: each sequence keeps a running acceptance rate a; a step with k drafts costs about 1 + c*k decode steps
-(c: the backend's measured cost of one more verified token) and yields 1 + a + ... + a^k tokens on average, so the
-sequence drafts the k (0 to ``max_draft``) with the best ratio, and none while no k beats plain decoding.
+The gate: each sequence keeps a running acceptance rate a (from its verify steps, and while it drafts nothing from
+shadow drafts scored against the tokens that follow them); a step with k drafts costs r(k) plain steps, measured
+on the backend (``quanta.engine.step_cost``; the prior 1 + c*k until then), and yields 1 + a + ... + a^k tokens on
+average, so the sequence drafts the k (0 to ``max_draft``) with the best tokens per unit of time over its batch,
+and none while no k clearly beats plain decoding. Where the measured cost says drafting loses, a rare probe
+(``StepCosts.probe_due``) prices drafts by the prior again, to measure them again.
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from quanta.engine.step_cost import StepCosts
+
 SPECULATIVE_METHODS = ("ngram",)
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """``max_draft``: most draft tokens per step; ``max_ngram``: longest suffix looked up; ``extra_token_cost``:
-    a verified token's cost relative to a decode step (the gate's c; 0.2: an extra row of the CPU's batched GEMV
-    costs 0.17-0.25 of a SmolLM2 step, and with 0.1 the gate drafted on prose at 11% acceptance and lost 3-4%,
-    docs/PERF.md session 40); ``prior``: the acceptance rate assumed before a sequence has any."""
+    the prior of a verified token's cost relative to a decode step, until the backend's is measured (the gate's c;
+    0.2: an extra row of the CPU's batched GEMV costs 0.17-0.25 of a SmolLM2 step, docs/PERF.md session 40);
+    ``prior``: the acceptance rate assumed before a sequence has any."""
 
     max_draft: int = 4
     max_ngram: int = 3
@@ -40,46 +45,79 @@ class SpeculativeConfig:
 
 
 class NgramDrafter:
-    """One sequence's n-gram index and acceptance statistics."""
+    """One sequence's n-gram index, acceptance rate and gate; ``costs``: its engine's measured step costs (None:
+    priced by the configured prior alone)."""
 
-    def __init__(self, config: SpeculativeConfig):
-        self.config = config
+    def __init__(self, config: SpeculativeConfig, costs: StepCosts | None = None):
+        self.config, self.costs = config, costs
         self.latest: dict[tuple[int, ...], int] = {}  # n-gram → end index of its latest occurrence
         self.indexed = 0  # n-grams ending before this index are in ``latest``
         self.rate = config.prior
-        self.proposed = self.accepted = 0
+        self.shadow: tuple[int, list[int]] | None = None  # (start, draft): a draft not verified, scored by ``follow``
 
     def propose(self, tokens: Seq[int], room: int) -> list[int]:
-        """Draft tokens to follow ``tokens`` (at most ``room``, and as many as the gate says pay)."""
+        """Draft tokens to follow ``tokens`` (at most ``room``, and as many as the gate says pay; none after a last
+        token still unknown: no n-gram with it is indexed)."""
         k = min(self.best_k(), room)
         if k <= 0 or len(tokens) < 2:
             return []
-        self._index(tokens, len(tokens) - 1)  # n-grams ending before the last token (the suffix itself excluded)
-        for n in range(min(self.config.max_ngram, len(tokens) - 1), 0, -1):
-            end = self.latest.get(tuple(tokens[len(tokens) - n:]))
-            if end is not None:
-                return list(tokens[end + 1:end + 1 + k])
-        return []
+        self.shadow = None
+        return self._lookup(tokens, len(tokens), k)
+
+    def follow(self, tokens: Seq[int], known: int) -> None:
+        """A step without drafts: ``tokens[:known]`` are final. The shadow draft is scored against them as a verify
+        step would score it (once decided), and a new one is drafted from them."""
+        if self.shadow is not None:
+            start, draft = self.shadow
+            got = tokens[start:min(known, start + len(draft))]
+            accepted = next((i for i, (g, d) in enumerate(zip(got, draft)) if g != d), len(got))
+            if accepted < len(got) or accepted == len(draft):
+                self.record(len(draft), accepted)
+                self.shadow = None
+        if self.shadow is None and known >= 2:
+            draft = self._lookup(tokens, known, self.config.max_draft)
+            self.shadow = (known, draft) if draft else None
 
     def record(self, proposed: int, accepted: int) -> None:
         """A verify step's outcome: ``accepted`` of ``proposed`` drafts kept."""
-        self.proposed += proposed
-        self.accepted += accepted
         if proposed:
             # per-draft acceptance: kept drafts pass, the first rejected fails, those after it say nothing
             trials = accepted + (accepted < proposed)
             self.rate = 0.8 * self.rate + 0.2 * (accepted / trials)
 
     def best_k(self) -> int:
-        """The draft length with the best expected tokens per unit of step cost (0: plain decoding wins)."""
-        a, c = self.rate, self.config.extra_token_cost
+        """The draft length with the best expected tokens per unit of time (0: plain decoding wins), priced by the
+        measured costs (no drafts before a plain step of the batch size is timed), or by the prior for a probe."""
+        costs = self.costs
+        if costs is None:
+            return self._best((1.0, self.config.extra_token_cost), 1)
+        if not costs.measured:
+            return 0
+        k = self._best(costs.fit, costs.seqs)
+        if k == 0 and costs.probe_due():
+            k = self._best(costs.prior_fit, costs.seqs)
+        return k
+
+    def _best(self, fit: tuple[float, float], seqs: int) -> int:
+        """The best k when a step with k drafts costs a + b*k plain steps (``fit`` = (a, b)) of a batch of ``seqs``
+        sequences (the others make one token each either way)."""
+        (a, b), p = fit, self.rate
         best, best_value, gain = 0, 1.0, 1.0
         for k in range(1, self.config.max_draft + 1):
-            gain += a ** k
-            value = gain / (1 + c * k)
+            gain += p ** k
+            value = (seqs - 1 + gain) / (seqs * (a + b * k))
             if value > best_value * 1.02:  # a clear win only: never slower than plain decoding by design
                 best, best_value = k, value
         return best
+
+    def _lookup(self, tokens: Seq[int], n: int, k: int) -> list[int]:
+        """At most ``k`` tokens that followed the latest earlier occurrence of ``tokens[:n]``'s longest suffix."""
+        self._index(tokens, n - 1)  # n-grams ending before the last token (the suffix itself excluded)
+        for m in range(min(self.config.max_ngram, n - 1), 0, -1):
+            end = self.latest.get(tuple(tokens[n - m:n]))
+            if end is not None:
+                return list(tokens[end + 1:min(end + 1 + k, n)])
+        return []
 
     def _index(self, tokens: Seq[int], stop: int) -> None:
         for end in range(max(self.indexed, 0), stop):
@@ -90,7 +128,8 @@ class NgramDrafter:
         self.indexed = max(self.indexed, stop)
 
     def rewind(self, length: int) -> None:
-        """Tokens from ``length`` on were dropped (a stop): forget n-grams that end there."""
+        """Tokens from ``length`` on were dropped (a stop): forget n-grams that end there, and the shadow draft."""
+        self.shadow = None
         if self.indexed > length:
             self.latest = {g: e for g, e in self.latest.items() if e < length}
             self.indexed = length
