@@ -113,6 +113,21 @@ def test_a_stray_pause_does_not_stop_drafting():
     assert costs.batches[1].plain == pytest.approx(1.2)  # a plain step's time grows at most 2x per step
 
 
+def test_a_due_probe_waits_only_where_a_draft_is_found():
+    """The engine stops queueing steps ahead for a sequence that wants to draft: a probe that is due must not
+    make it wait on a context with nothing to draft (on the GPU every step would then lose its overlap)."""
+    costs = measured(StepCosts(0.2, 4))
+    d = confident(costs)
+    for _ in range(3):
+        costs.observe(1, 4, 19.0)  # dear verify steps (the H200's, session 45)
+    assert d.best_k() == 0
+    for _ in range(20_000):
+        costs.observe(1, 0, 1.0)
+    assert costs.probe_due() and d.best_k() > 0 and not d.wants_to_draft()
+    d.follow([1, 2, 3, 1, 2], 5)  # "1, 2" came before: "3, 1, 2" would follow
+    assert d.shadow == (5, [3, 1, 2]) and d.wants_to_draft()
+
+
 def test_shadow_drafts_keep_the_acceptance_rate_while_nothing_is_verified():
     d = confident(None, rate=0.5)
     tokens = [1, 2, 3, 4, 5]
@@ -215,7 +230,16 @@ def test_the_gate_follows_the_measured_cost_with_steps_queued_ahead(pair, monkey
         ticks[0] += 1 + verify_ticks * any(seq.draft for seq in batch.seqs)
         return run(batch, *args)
 
+    waits = [0]  # steps that waited for the previous tokens to draft
+    drafting = engine._drafting
+
+    def counted() -> bool:
+        d = drafting()
+        waits[0] += d
+        return d
+
     monkeypatch.setattr(engine.runner, "run", timed)
+    monkeypatch.setattr(engine, "_drafting", counted)
     monkeypatch.setattr(engine, "clock", lambda: ticks[0])
     monkeypatch.setattr(engine, "costs", StepCosts(0.2, 4))
     monkeypatch.setattr(engine, "asynchronous", True)
@@ -225,4 +249,5 @@ def test_the_gate_follows_the_measured_cost_with_steps_queued_ahead(pair, monkey
     assert [r.token_ids for r in got] == want
     verifies = sum(r.stats.verify_steps for r in got)
     assert verifies <= 4 if verify_ticks else verifies >= 8
+    assert waits[0] <= verifies + 3 * 4  # a step waits to verify drafts, rarely for a lookup that finds none
     assert engine.blocks.n_used == 0

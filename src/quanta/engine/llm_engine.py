@@ -144,8 +144,9 @@ class LLMEngine:
         return outputs
 
     def _drafting(self) -> bool:
-        """Whether the gate of a running sequence drafts in this step."""
-        return self.costs is not None and any(seq.drafter is not None and seq.drafter.best_k() > 0
+        """Whether a running sequence drafts in this step (``NgramDrafter.wants_to_draft``: waiting for the tokens
+        without a draft to verify would only stop the queueing ahead)."""
+        return self.costs is not None and any(seq.drafter is not None and seq.drafter.wants_to_draft()
                                               for seq in self.scheduler.running)
 
     def _launch(self, batch: ScheduledBatch, started: float) -> Launched:
@@ -181,19 +182,20 @@ class LLMEngine:
                 self._end(seq, "error", NON_FINITE)
                 outputs.append(self._finished(seq))
                 continue
-            drafted = bool(seq.draft)
-            if drafted:
+            if seq.draft:
                 self._settle_draft(seq, len(new) - 1)
             kept: list[int] = []
             text = ""
+            resolved = 0
             for i, token in enumerate(new):
                 text += seq.resolve(index if i == 0 else seq.reserve(), token, lps[i] if lps else None)
+                resolved = i + 1
                 if token not in seq.eog:
                     kept.append(token)
                 if seq.finish_reason is not None:
                     break
-            if seq.drafter is not None and not drafted and seq.finish_reason is None:
-                seq.drafter.follow(seq.token_ids, index + 1)
+            if seq.drafter is not None and seq.finish_reason is None:  # after a verify step: a fresh shadow
+                seq.drafter.follow(seq.token_ids, index + resolved)
             kept_lps = lps[:len(kept)]
             self._register(seq)  # before a finished sequence frees its blocks: they stay cached for later requests
             if seq.finish_reason is not None:

@@ -78,6 +78,11 @@ class NgramDrafter:
             draft = self._lookup(tokens, known, self.config.max_draft)
             self.shadow = (known, draft) if draft else None
 
+    def wants_to_draft(self) -> bool:
+        """Whether this sequence drafts in its next step: the gate says drafts pay and the context has one to
+        offer (its shadow draft)."""
+        return self.shadow is not None and self.best_k() > 0
+
     def record(self, proposed: int, accepted: int) -> None:
         """A verify step's outcome: ``accepted`` of ``proposed`` drafts kept."""
         if proposed:
