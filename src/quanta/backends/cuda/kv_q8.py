@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from quanta.backends.cuda import pdl
+from quanta.backends.cuda.q8gemv import round_codes
 
 GROUP = 32  # values per scale
 
@@ -67,13 +68,9 @@ def _store_rotated_codes(x, r_ptr, codes_ptr, scale_ptr, row, BD: tl.constexpr):
     """Row ``x`` ([1, BD]) rotated, as int8 codes (round half away from zero) and fp16 scales at pool ``row``."""
     e = tl.arange(0, 32)
     for c in tl.static_range(0, BD, 32):
-        y = _rotated_group(x, r_ptr, c, BD)
-        amax = tl.max(tl.abs(y), axis=1)
-        step = (amax / 127.0).to(tl.float16)
-        inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
-        t = y * inv[:, None]
-        tl.store(codes_ptr + row * BD + c + e[None, :], tl.where(t >= 0, t + 0.5, t - 0.5).to(tl.int8))
-        tl.store(scale_ptr + row * (BD // 32) + c // 32 + tl.arange(0, 1), step)
+        q, amax = round_codes(_rotated_group(x, r_ptr, c, BD))
+        tl.store(codes_ptr + row * BD + c + e[None, :], q)
+        tl.store(scale_ptr + row * (BD // 32) + c // 32 + tl.arange(0, 1), (amax / 127.0).to(tl.float16))
 
 
 @triton.jit

@@ -69,14 +69,21 @@ class Q8Activation:
 
 
 @triton.jit
+def round_codes(y2):
+    """int8 codes of the chunks ``y2`` ([R, 32] float32; scale max|y| / 127, round half away from zero) in their
+    order, and each chunk's max|y| ([R]). Also the int8 KV cache's (``kv_q8.py``)."""
+    amax = tl.max(tl.abs(y2), axis=1)
+    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    t = y2 * inv[:, None]
+    return tl.where(t >= 0, t + 0.5, t - 0.5).to(tl.int8), amax
+
+
+@triton.jit
 def _chunk_codes(y2):
     """int8 codes of the chunks ``y2`` ([R, 32] float32; round half away from zero) in the dp4a byte order, and
     their scales ([R])."""
     R: tl.constexpr = y2.shape[0]
-    amax = tl.max(tl.abs(y2), axis=1)
-    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
-    t = y2 * inv[:, None]
-    q = tl.where(t >= 0, t + 0.5, t - 0.5).to(tl.int8)
+    q, amax = round_codes(y2)
     # element 8b + j of a chunk goes to byte 4j + b: a transpose in registers
     return tl.reshape(tl.permute(tl.reshape(q, [R, 4, 8]), (0, 2, 1)), [R, 32]), amax / 127.0
 
