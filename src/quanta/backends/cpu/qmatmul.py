@@ -175,7 +175,7 @@ def _q8_buffers(n: int, k: int) -> tuple[np.ndarray, ...]:
         pairs = -(-k // 64)
         stats = (-(-n // ROWS_PER_PASS), pairs, 2 * ROWS_PER_PASS)
         buffers = per_thread[n, k] = (np.zeros((n, 64 * pairs), np.int8), np.zeros(stats, np.float32),
-                                      np.zeros(stats, np.float32), np.zeros((n, pairs, 2, 8), np.int32))
+                                      np.zeros(stats, np.float32), np.zeros((n, pairs, 8), np.int32))
     return buffers
 
 

@@ -51,7 +51,7 @@ def quantize_q8_32(x, xq, xd, xsum, xqsum):
 def gemv_activations(x, xq, xd, xsum, xstart, block_offset):
     """The fast GEMV's q8 activations in the layout of ``q8_rows.py``: codes ``xq`` (n, 64 * pairs) in block pairs,
     scales ``xd`` and sums ``xsum`` (groups, pairs, 8), and with a weight code offset (Q4_0, Q5_0, Q8_0) the
-    integer dots' starting values ``xstart`` (n, pairs, 2, 8): ``-block_offset * sum(codes)`` in the first lane of
+    integer dots' starting values ``xstart`` (n, pairs, 8): ``-block_offset * sum(codes)`` in the first lane of
     each block."""
     n, k = x.shape
     nb, group = k // 32, xd.shape[2] // 2
@@ -63,14 +63,14 @@ def gemv_activations(x, xq, xd, xsum, xstart, block_offset):
             xd[g, p, group * j + r] = d
             xsum[g, p, group * j + r] = d * np.float32(qs)
             if block_offset:
-                xstart[t, p, 0, 4 * j] = -block_offset * qs
-                xstart[t, p, 0, 4 * j + 1 : 4 * j + 4] = 0
+                xstart[t, p, 4 * j] = -block_offset * qs
+                xstart[t, p, 4 * j + 1 : 4 * j + 4] = 0
         if nb % 2:  # the last block's partner: zero codes, scales and starts
             xq[t, 32 * nb + 16 : 32 * nb + 32] = 0
             xq[t, 32 * nb + 48 : 32 * nb + 64] = 0
             xd[g, nb // 2, group + r] = 0
             xsum[g, nb // 2, group + r] = 0
-            xstart[t, nb // 2, :, 4:] = 0
+            xstart[t, nb // 2, 4:] = 0
 
 
 @njit(fastmath=True)
@@ -78,7 +78,7 @@ def superblock_activations(x, xq, xd, xsum, xstart):
     """The K-quant GEMVs' activations (layout in ``q8_rows.py``): for super-block s of row t (group g = t // 4,
     r = t % 4) the codes in their natural order in ``xq[t]``, the scale ``xd[g, s, r]`` (d = max|x| / 127), the
     8 floats ``xsum[g, r * S + s]`` (S super-blocks per row): ``d * sum(codes)`` per 32 (Q4_K/Q5_K's minimums),
-    and the 16 integer sums per 16 (Q6_K's code offset) as int16 pairs in ``xstart[t, s, 0]``."""
+    and the 16 integer sums per 16 (Q6_K's code offset) as int16 pairs in ``xstart[t, s]``."""
     n, k = x.shape
     group, superblocks = xd.shape[2] // 2, k // 256
     for t in range(n):
@@ -90,14 +90,15 @@ def superblock_activations(x, xq, xd, xsum, xstart):
             d = amax / np.float32(127.0)
             inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
             xd[g, s, r] = d
-            for b in range(8):  # 32 codes: two sums of 16, packed little-endian into one int32
-                first = second = np.int32(0)
-                for j in range(256 * s + 32 * b, 256 * s + 32 * b + 32):
+            first = np.int32(0)
+            for b in range(16):  # 16 codes at a time; two sums of 16 packed little-endian into one int32
+                qs = np.int32(0)
+                for j in range(256 * s + 16 * b, 256 * s + 16 * b + 16):
                     q = np.int32(np.rint(x[t, j] * inv))
                     xq[t, j] = q
-                    if j % 32 < 16:
-                        first += q
-                    else:
-                        second += q
-                xstart[t, s, 0, b] = (first & 0xFFFF) | (second << 16)
-                xsum[g, r * superblocks + s, b] = d * np.float32(first + second)
+                    qs += q
+                if b % 2 == 0:
+                    first = qs
+                else:
+                    xstart[t, s, b // 2] = (first & 0xFFFF) | (qs << 16)
+                    xsum[g, r * superblocks + s, b // 2] = d * np.float32(first + qs)

@@ -161,7 +161,7 @@ def _array_from_address(dtype, ndim: int):
 # in numba's array module when a cached kernel loads; this does not)
 u8_array_2d = _array_from_address(types.uint8, 2)
 i8_array_2d = _array_from_address(types.int8, 2)
-i32_array_4d = _array_from_address(types.int32, 4)
+i32_array_3d = _array_from_address(types.int32, 3)
 f32_array_2d = _array_from_address(types.float32, 2)
 f32_array_3d = _array_from_address(types.float32, 3)
 f32_array_1d = _array_from_address(types.float32, 1)

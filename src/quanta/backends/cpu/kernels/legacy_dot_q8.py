@@ -109,7 +109,7 @@ def _make_rows_dot_q8(fmt_name: str):
                 builder.store(builder.fadd(builder.load(maccs[slot]), mins), maccs[slot])
             for t, acc in enumerate(accs):
                 xa, xb = rows.codes(t, p)
-                start = rows.start(t, p, 0) if offset else None
+                start = rows.start(t, p) if offset else None
                 if signed:
                     s = dot_s8s8(isa, builder, b, xb, dot_s8s8(isa, builder, a, xa, start))
                 else:

@@ -14,7 +14,7 @@ block 2p+1's, each lane summing 4 weights of the first half of its block (vector
 - ``xd``, ``xsum`` (groups, pairs, 8) float32: per group of 4 rows (``ROWS_PER_PASS``) and pair, the scale
   (and ``scale * sum(codes)``) of block 2p of the 4 rows, then of block 2p+1 (one load per pair for a whole
   pass);
-- ``xstart`` (n, pairs, 2, 8) int32: the integer dots' starting values (the code offsets of the weights).
+- ``xstart`` (n, pairs, 8) int32: the integer dots' starting values (the code offsets of the weights).
 The K-quants' row dots take one activation scale per 256 instead (``activations.superblock_activations``): codes
 in their natural order, and per super-block a scale per row, 8 sums per 32 and 16 integer sums per 16 in the same
 arrays (``ActRows.superblock_*``).
@@ -49,10 +49,9 @@ class ActRows:
         return tuple(load_vec(self.builder, self._codes[t], self.builder.add(off, ir.Constant(p.type, h)), I8, 32)
                      for h in (0, 32))
 
-    def start(self, t: int, p, half: int):
-        """Row ``t``'s <8 x i32> starting value of pair ``p``'s dot (``half`` 0: a + b, or a alone; 1: b)."""
-        off = self.builder.add(self.builder.mul(p, ir.Constant(p.type, 16)), ir.Constant(p.type, 8 * half))
-        return load_vec(self.builder, self._starts[t], off, I32, 8)
+    def start(self, t: int, p):
+        """Row ``t``'s <8 x i32> starting value of pair ``p``'s dot."""
+        return load_vec(self.builder, self._starts[t], self.builder.mul(p, ir.Constant(p.type, 8)), I32, 8)
 
     def scales(self, p):
         """<2 * rows x float>: the activation scale of block 2p of each row, then of block 2p+1."""
@@ -77,7 +76,7 @@ class ActRows:
     def superblock_sums16(self, t: int, s):
         """<16 x i16>: row ``t``'s integer sums of each 16 codes of super-block ``s`` (K-quant layout)."""
         b = self.builder
-        return load_vec(b, b.bitcast(self._starts[t], I16.as_pointer()), b.mul(s, ir.Constant(s.type, 32)), I16, 16)
+        return load_vec(b, b.bitcast(self._starts[t], I16.as_pointer()), b.mul(s, ir.Constant(s.type, 16)), I16, 16)
 
     def _pair(self, base, p):
         b, n = self.builder, len(self)
@@ -149,7 +148,7 @@ def rows_dot_q8_intrinsic(name: str, row_body, block_size: int, type_size: int):
         def emit(rows: int) -> None:  # the pass for groups of ``rows`` rows
             ts = [builder.add(t0, c(t)) for t in range(rows)]
             acts = ActRows(builder, [builder.gep(qp, [builder.mul(t, row_codes)]) for t in ts],
-                           [builder.gep(xsp, [builder.mul(t, builder.mul(pairs, c(16)))]) for t in ts],
+                           [builder.gep(xsp, [builder.mul(t, builder.mul(pairs, c(8)))]) for t in ts],
                            *(builder.gep(ptr, [builder.mul(t0, builder.mul(pairs, c(2)))]) for ptr in (dp, sp)), pairs)
             with cgutils.for_range_slice(builder, r0, r1, c(1)) as (r, _):
                 bp = builder.gep(base, [builder.mul(r, row_bytes)])

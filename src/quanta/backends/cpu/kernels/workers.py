@@ -30,7 +30,7 @@ from numba import njit
 from quanta.backends.cpu.kernels.activations import gemv_activations, superblock_activations
 from quanta.backends.cpu.kernels.atomics import (
     atomic_add, atomic_load, atomic_store, compare_exchange, cycles, f32_array_1d, f32_array_2d, f32_array_3d, futex_wait,
-    futex_wake, i8_array_2d, i32_array_4d, spin_pause, u8_array_2d, yield_cpu,
+    futex_wake, i8_array_2d, i32_array_3d, spin_pause, u8_array_2d, yield_cpu,
 )  # fmt: skip
 from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
 from quanta.backends.cpu.kernels.rows import SUPERBLOCK_FORMATS, dot_offset, rows_dot, rows_dot_q8
@@ -59,7 +59,7 @@ def _run_chunk(job, c, tid, isa):
         xq = i8_array_2d(job[X], (n, k))
         xd = f32_array_3d(job[XD], (job[GROUPS], k // 64, 2 * ROWS_PER_PASS))
         xsum = f32_array_3d(job[XSUM], (job[GROUPS], k // 64, 2 * ROWS_PER_PASS))
-        xstart = i32_array_4d(job[XSTART], (n, k // 64, 2, 8))
+        xstart = i32_array_3d(job[XSTART], (n, k // 64, 8))
         rows_dot_q8(isa, job[FMT], raw2d, r0, r1, xq, xd, xsum, xstart, out)
     else:
         xsum = f32_array_2d(job[XSUM], (n, k // 32))
