@@ -96,7 +96,7 @@ def test_backend_gathers_rows_and_argmaxes(device: str) -> None:
 
 
 @pytest.mark.parametrize("neox", [False, True])
-@pytest.mark.parametrize("hq, hk, hd, rot", [(4, 2, 16, 12), (5, 2, 128, 96)])  # 128: 3 query-head blocks
+@pytest.mark.parametrize("hq, hk, hd, rot", [(4, 2, 16, 12), (5, 3, 128, 96)])  # 128: 3 query-, 2 key-head blocks
 def test_rope_qk_rotates_both_and_stores_the_cache(neox: bool, hq: int, hk: int, hd: int, rot: int,
                                                    device: str) -> None:
     """One launch: q and k rotated like two rope() calls (the reference above) to their positions, k and v stored

@@ -52,6 +52,11 @@ Q8_CONFIG = {
     (6, "base"): {"BN": 4, "BJ": 64, "num_warps": 1, "PRE": 2},
     (6, "long"): {"BN": 1, "BJ": 256, "num_warps": 4, "PRE": 2},
     (6, "head"): {"BN": 4, "BJ": 64, "num_warps": 1, "PRE": 2},
+    # Llama-2-7B's Q4_K and Q6_K matrices of rows of 4096 (GPU run 226, each class's 16-32 launches in one graph):
+    # 1.7-2.5 TB/s on the "long"/"head" tiles they had, 2.0-3.1 TB/s on these; Q8_0 not measured (its "base" tile)
+    (4, "wide"): {"BN": 2, "BJ": 64, "num_warps": 1, "PRE": 2},
+    (6, "wide"): {"BN": 2, "BJ": 64, "num_warps": 1, "PRE": 2},
+    (8, "wide"): {"BN": 2, "BJ": 128, "num_warps": 4, "PRE": 2},
 }
 
 

@@ -54,13 +54,18 @@ GEMV_CONFIG = {
     (8, "long"): {"BN": 4, "BJ": 128, "num_warps": 4},
     (8, "head"): {"BN": 2, "BJ": 32, "num_warps": 1},
 }
-GEMV_CONFIG.update({(6, cls): GEMV_CONFIG[(4, cls)] for cls in ("base", "long", "head")})
+GEMV_CONFIG.update({(bits, "wide"): GEMV_CONFIG[(bits, "base")] for bits in (4, 8)})  # not tuned for exact mode
+GEMV_CONFIG.update({(6, cls): GEMV_CONFIG[(4, cls)] for cls in ("base", "long", "head", "wide")})
 GEMV_CONFIG[(6, "small")] = GEMV_CONFIG[(8, "small")]  # an even BN, as the rope epilogue needs (CUDABackend.qkv_rope)
+WIDE_K = 4096  # rows of this length and more in a matrix at least as tall: the 7B class's projections
 
 
 def gemv_class(n: int, k: int) -> str:
-    """The tile class of an (n, k) matrix for the GEMV: an lm head, a long-row (down) projection, a small (k/v)
+    """The tile class of an (n, k) matrix for the GEMV: a wide matrix (the Q/K/V, output, gate/up projections and
+    lm head of a 7B-class model: k >= 4096, n >= k), an lm head, a long-row (down) projection, a small (k/v)
     projection, or the rest."""
+    if k >= WIDE_K and n >= k:
+        return "wide"
     return "head" if n >= 16384 else "long" if k >= 4096 else "small" if n < 1024 else "base"
 
 
