@@ -155,6 +155,37 @@ def test_greedy_verify_keeps_exactly_the_argmax_chain():
     assert verify(np.full((2, 3), np.nan, np.float32), [1], greedy, rng, []) == []
 
 
+def test_greedy_verify_from_the_devices_tokens_is_verify():
+    """``BatchSampler.verify_greedy`` (a verify step of plain greedy sequences: the rows' greedy tokens read from the
+    device, not their logits) keeps what ``verify`` keeps from the logits, sequence by sequence; [] for a
+    non-finite row within what is looked at."""
+    from types import SimpleNamespace
+
+    from quanta.backends import get_backend
+    from quanta.engine.sampler import BatchSampler
+
+    backend = get_backend("cpu", threads=1)
+    rng = np.random.default_rng(1)
+    greedy = SamplingParams(temperature=0)
+    for _ in range(200):
+        drafts = [rng.integers(0, 5, rng.integers(0, 4)).tolist() for _ in range(3)]
+        rows = rng.standard_normal((sum(len(d) + 1 for d in drafts), 5)).astype(np.float32)
+        for r in range(len(rows)):  # drafts mostly right, as a sequence's own n-grams often are
+            if rng.random() < 0.6:
+                rows[r, rng.integers(0, 5)] = 9.0
+        if rng.random() < 0.2:
+            rows[rng.integers(0, len(rows))] = np.nan
+        seqs, want, o = [], [], 0
+        for d in drafts:
+            for i, t in enumerate(d):  # draft i right where row i's argmax says so, else a coin
+                if rng.random() < 0.7:
+                    d[i] = int(np.nan_to_num(rows[o + i], nan=-1).argmax())
+            seqs.append(SimpleNamespace(draft=d))
+            want.append(verify(rows[o:o + len(d) + 1], d, greedy, rng, []))
+            o += len(d) + 1
+        assert BatchSampler.verify_greedy(backend.argmax_rows(rows), seqs) == want
+
+
 def test_sampled_verify_preserves_the_distribution():
     """A deterministic draft changes nothing about what is sampled: the first token follows p0 whatever the draft,
     and the second, given the first was the draft token, follows p1 (chi-square, 20,000 draws)."""

@@ -1,7 +1,11 @@
 """Forwards as captured graphs: decode batches per batch-size bucket, prefill steps per token-count bucket.
 
 A decode-only batch (one new token per sequence, every row sampled) of n sequences replays the graph of the
-smallest bucket b ≥ n of 1, 2, 4, … max_seqs. A step with prefill chunks of n tokens in s sequences (decode tokens
+smallest bucket b ≥ n of 1, 2, 4, … max_seqs (a verify step of speculative decoding comes as one such row per
+token: ``model_runner.decode_rows``). The step that records a decode graph runs eagerly, the graph replays from
+the next step on: on the H200 the first replay of a graph recorded in a verify step returned a wrong row (greedy
+speculation then kept a draft that the model's own logits rejected by 5.0; GPU run 234), while the eager step and
+later replays were right (cause not found; under the interpreter the recorded forward is right at once). A step with prefill chunks of n tokens in s sequences (decode tokens
 beside them too) replays the graph of (T ≥ n tokens, S ≥ s + 1 sequences) once that shape has run twice (the first
 time eagerly: a one-off prompt length pays no capture), T from 16 up in steps of 16, or 1/16 of the next power of
 two above 256 (padding under 16 tokens or 12.5%), S a power of two. Graphs are recorded by ``Backend.capture``.
@@ -140,6 +144,7 @@ class ForwardGraphs:
         self.block_size, self.pad_block = block_size, n_blocks
         self._graphs: dict[tuple[int, int, bool], _Graph | None] = {}  # None: its capture failed
         self._uses: dict[tuple[int, int, bool], int] = {}
+        self.captures = 0  # graphs recorded (or tried)
 
     def bucket(self, n: int) -> int | None:
         """The decode bucket of n sequences."""
@@ -173,9 +178,9 @@ class ForwardGraphs:
             key = None
         if key is None:
             return None
-        g = self._graphs.get(key)
-        if g is None:
+        if key not in self._graphs:  # recorded once; a failed capture is not tried again
             tokens, seqs, prefill = key
+            self.captures += 1
             try:
                 g = _Graph(self.model, self.backend, self.cache, tokens, seqs, self.width, self.block_size,
                            self.pad_block, prefill, self.max_tokens if prefill else None)
@@ -185,6 +190,9 @@ class ForwardGraphs:
                               stacklevel=2)
                 g = None
             self._graphs[key] = g
+            if not prefill:
+                return None  # the step that records runs eagerly (see the module docstring)
+        g = self._graphs[key]
         if g is None or g.replay is None:
             return None
         return g.run(ids, meta, previous, source, rows)

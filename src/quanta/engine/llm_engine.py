@@ -152,15 +152,21 @@ class LLMEngine:
     def _launch(self, batch: ScheduledBatch, started: float) -> Launched:
         """Queue ``batch``'s forward and its sampling; each sampling sequence reserves its next token."""
         previous = self._inflight
+        captures = self.runner.captures
         logits = self.runner.run(batch, previous.tokens if previous else None, previous.rows if previous else None)
         sampling = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
         launched = Launched(batch, sampling, [], started=started)
         if self.costs is not None and len(sampling) == len(batch) and all(
-                n == 1 + len(seq.draft) for seq, n in zip(batch.seqs, batch.num_tokens)):  # no prefill chunk
+                n == 1 + len(seq.draft) for seq, n in zip(batch.seqs, batch.num_tokens)) and (
+                self.runner.captures == captures):  # no prefill chunk, no graph recorded
             launched.shape = (len(batch), sum(len(seq.draft) for seq in batch.seqs))
-        if sampling and all(on_device(seq) and not seq.draft for seq in sampling):
+        if sampling and all(on_device(seq) for seq in sampling):
             launched.tokens = self.sampler.on_device(logits)
-            launched.read_tokens = self.backend.to_host_later(launched.tokens)
+            if any(seq.draft for seq in sampling):  # a verify step: every row's greedy token, read now
+                launched.host_tokens = self.sampler.verify_greedy(self.backend.to_host(launched.tokens), sampling)
+                launched.tokens = None
+            else:
+                launched.read_tokens = self.backend.to_host_later(launched.tokens)
         elif sampling:  # before the reservations: penalties read the context
             launched.host_tokens, launched.logprobs = self.sampler.sample(logits, sampling)
         self.scheduler.postprocess(batch)

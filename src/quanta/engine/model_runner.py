@@ -40,6 +40,17 @@ def pool_blocks(model: Model, backend: Backend, config: EngineConfig, n_ctx: int
     return n
 
 
+def decode_rows(meta: AttentionMetadata) -> AttentionMetadata:
+    """A verify step (each sequence's last token and its drafts, all sampled, no prefill) as a decode step of one
+    sequence per token: token i attends through its sequence's blocks to the positions up to its own, as it does as
+    a query of its sequence's chunk (the K/V of the drafts before it are written, in each layer, before attention
+    reads the pool). So verify steps replay the captured decode graphs."""
+    n = len(meta.positions)
+    return AttentionMetadata(meta.positions, meta.slots, np.arange(n, dtype=np.int32),
+                             meta.block_tables[meta.token_seq], meta.positions + 1, np.arange(n + 1, dtype=np.int32),
+                             n, 1, meta.block_size)
+
+
 class ModelRunner:
     def __init__(self, model: Model, backend: Backend, config: EngineConfig, n_ctx: int):
         self.model, self.backend, self.block_size = model, backend, config.block_size
@@ -49,9 +60,17 @@ class ModelRunner:
         if backend.graphs:
             from quanta.engine.graphs import ForwardGraphs
 
-            self.graphs = ForwardGraphs(model, backend, self.cache, max_seqs=config.max_seqs,
+            rows = config.max_seqs  # decode graphs' rows: with speculation, a verify step's drafts too
+            if config.speculative is not None:
+                rows = min(rows * (1 + config.speculative.max_draft), config.max_batched_tokens)
+            self.graphs = ForwardGraphs(model, backend, self.cache, max_seqs=rows,
                                         max_tokens=config.max_batched_tokens, n_ctx=n_ctx,
                                         block_size=self.block_size, n_blocks=self.n_blocks)
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far (a step that captured one is not a step's usual time)."""
+        return self.graphs.captures if self.graphs is not None else 0
 
     def run(self, batch: ScheduledBatch, previous: Array | None = None,
             pending_rows: dict[tuple[int, int], int] | None = None) -> Array:
@@ -68,7 +87,8 @@ class ModelRunner:
                         source[o + i - seq.num_computed] = pending_rows[seq.id, i]
                 o += k
         if self.graphs is not None:
-            logits = self.graphs.run(ids, meta, previous, source, rows)
+            verify = meta.max_query_len > 1 and rows is None and meta.prefill is not None and not meta.prefill.any()
+            logits = self.graphs.run(ids, decode_rows(meta) if verify else meta, previous, source, rows)
             if logits is not None:
                 return logits  # a captured graph
         return self.forward(self.backend.feed_tokens(ids, previous, source), meta, rows)

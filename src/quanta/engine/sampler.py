@@ -230,6 +230,26 @@ class BatchSampler:
         """The greedy token of every row, left on the device (-1 for a non-finite row)."""
         return self.backend.argmax_rows(logits)
 
+    @staticmethod
+    def verify_greedy(best: np.ndarray, seqs: list[Sequence]) -> list[list[int]]:
+        """:func:`verify` of plain greedy sequences from their rows' greedy tokens (``on_device``'s, -1 for a
+        non-finite row) instead of the logits: draft i kept while it equals the token after the ones before it,
+        then one more token; [] for a non-finite row."""
+        tokens, r = [], 0
+        for seq in seqs:
+            new: list[int] = []
+            for i in range(len(seq.draft) + 1):
+                t = int(best[r + i])
+                if t < 0:
+                    new = []
+                    break
+                new.append(t)
+                if i == len(seq.draft) or t != seq.draft[i]:
+                    break
+            tokens.append(new)
+            r += len(seq.draft) + 1
+        return tokens
+
     def sample(self, logits: Array, seqs: list[Sequence]) -> tuple[list[list[int]], list[list[TokenLogprob]]]:
         """Each sequence's new tokens (and, where asked, their log-probabilities): one from its row, or, for a
         sequence verifying ``k`` draft tokens, its k + 1 rows' kept drafts and one more (engine/speculation.py).

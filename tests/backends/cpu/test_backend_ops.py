@@ -9,6 +9,7 @@ import pytest
 
 from quanta.backends import get_backend
 from quanta.backends.base import KVShape
+from quanta.engine.model_runner import decode_rows
 from quanta.models.base import rope_inv_freq
 
 from batches import placement
@@ -165,3 +166,20 @@ def test_the_kv_pool_is_resident_only_where_written():
         k[:, 5] = 1.0
         v[:, 5] = 1.0
     assert rss() - before < 64 * 2**20
+
+
+def test_a_verify_step_attends_as_decode_rows(be):
+    """``decode_rows`` (the model runner's: a verify step as one decode row per token, as the captured decode graphs
+    run it): two sequences' last tokens and drafts (4 and 2 rows) after their prompts attend as chunks do, each
+    draft to the rows before it and its own, against the naive attention of each sequence's tokens."""
+    n_heads, n_kv, hd, b = 4, 2, 16, 4
+    tables, prompts, rows = [[5, 2, 7, 0], [3, 6, 1]], [7, 5], [4, 2]
+    data = [(randn(p + r, n_heads, hd), randn(p + r, n_kv, hd), randn(p + r, n_kv, hd)) for p, r in zip(prompts, rows)]
+    refs = [attention_reference(q, k, v, np.arange(len(q)), 0.25, 0, 0.0) for q, k, v in data]
+    cache = be.kv_cache(KVShape(1, n_kv, hd, 8, b), "f32")[0]
+    for step, meta_of in (([(0, p) for p in prompts], lambda m: m), (list(zip(prompts, rows)), decode_rows)):
+        meta = meta_of(placement([(tables[j], first, n) for j, (first, n) in enumerate(step)], b))
+        q, k, v = (np.concatenate([data[j][x][f:f + n] for j, (f, n) in enumerate(step)]) for x in range(3))
+        out = be.attention(q, k, v, cache, be.metadata(meta), scale=0.25)
+    want = np.concatenate([refs[j][p:p + r] for j, (p, r) in enumerate(zip(prompts, rows))])
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
