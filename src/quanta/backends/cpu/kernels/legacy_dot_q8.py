@@ -20,9 +20,9 @@ from numba.extending import intrinsic
 
 from quanta.backends.cpu.kernels.int8_dots import dot2_u8s8, dot_s8s8
 from quanta.backends.cpu.kernels.isa import isa_of
-from quanta.backends.cpu.kernels.q8_rows import for_pairs, pair_splat, row_lanes, row_sum, rows_dot_q8_intrinsic
+from quanta.backends.cpu.kernels.q8_rows import for_pairs, row_lanes, row_sum, rows_dot_q8_intrinsic
 from quanta.backends.cpu.kernels.simd import (
-    F32, I8, I32, const_vec, fma, hsum, idx, load_f16, load_scalar, load_vec, vec, zeros,
+    F32, HALF, I8, I16, I32, const_vec, fma, hsum, idx, load_scalar, load_vec, vec, zeros,
 )  # fmt: skip
 from quanta.quant.formats import FORMATS
 
@@ -85,28 +85,51 @@ def _codes_pair(fmt_name: str, builder, bp, b0, b1, single: bool, signed: bool):
     return a, b
 
 
+def _scale_min_pairs(builder, bp, b0, b1, single: bool, rows: int):
+    """Q4_1/Q5_1: the pair's scales and minimums as two ``pair_splat`` vectors, from one 32-bit load per block (its
+    f16 ``d`` and ``m`` side by side) and one conversion of the four halves."""
+    words = ir.Constant(vec(I32, 2), [0, 0])
+    words = builder.insert_element(words, load_scalar(builder, bp, b0, I32), ir.Constant(I32, 0))
+    if not single:
+        words = builder.insert_element(words, load_scalar(builder, bp, b1, I32), ir.Constant(I32, 1))
+    dm = builder.fpext(builder.bitcast(words, vec(HALF, 4)), vec(F32, 4))  # d0, m0, d1, m1
+    pick = lambda first, second: builder.shuffle_vector(  # noqa: E731
+        dm, dm, ir.Constant(vec(I32, 2 * rows), [first] * rows + [second] * rows))
+    return pick(0, 2), pick(1, 3)
+
+
+def _scale_pair(builder, bp, b0, b1, single: bool, rows: int):
+    """The pair's f16 scales (at the start of each block) as a ``pair_splat`` vector, in one conversion."""
+    halves = ir.Constant(vec(I16, 2), [0, 0])
+    halves = builder.insert_element(halves, load_scalar(builder, bp, b0, I16), ir.Constant(I32, 0))
+    if not single:
+        halves = builder.insert_element(halves, load_scalar(builder, bp, b1, I16), ir.Constant(I32, 1))
+    d = builder.fpext(builder.bitcast(halves, vec(HALF, 2)), vec(F32, 2))
+    return builder.shuffle_vector(d, d, ir.Constant(vec(I32, 2 * rows), [0] * rows + [1] * rows))
+
+
 def _make_rows_dot_q8(fmt_name: str):
     fmt = FORMATS[fmt_name]
     has_min = fmt_name in ("Q4_1", "Q5_1")
+    assert fmt.offset("d") == 0 and (not has_min or fmt.offset("m") == 2)  # the scale loads below
 
     def row_body(isa, builder, bp, rows, nb):
         signed = isa == "avx2" and fmt_name == "Q8_0"
         offset, n = code_offset(isa, fmt_name), len(rows)
         accs = [[cgutils.alloca_once_value(builder, zeros(8)) for _ in range(2)] for _ in range(n)]
         maccs = [cgutils.alloca_once_value(builder, zeros(2 * n)) for _ in range(2)]
-        zero = ir.Constant(F32, 0.0)
 
         def pair(p, slot, single):
             b0 = builder.mul(p, ir.Constant(p.type, 2 * fmt.type_size))
             b1 = idx(builder, b0, fmt.type_size)
             a, b = _codes_pair(fmt_name, builder, bp, b0, b1, single, signed)
-            d = pair_splat(builder, load_f16(builder, bp, b0), zero if single else load_f16(builder, bp, b1), n)
-            scales = builder.fmul(d, rows.scales(p))
             if has_min:
-                m0 = load_f16(builder, bp, idx(builder, b0, fmt.offset("m")))
-                m1 = zero if single else load_f16(builder, bp, idx(builder, b1, fmt.offset("m")))
-                mins = builder.fmul(pair_splat(builder, m0, m1, n), rows.sums(p))
+                d, m = _scale_min_pairs(builder, bp, b0, b1, single, n)
+                mins = builder.fmul(m, rows.sums(p))
                 builder.store(builder.fadd(builder.load(maccs[slot]), mins), maccs[slot])
+            else:
+                d = _scale_pair(builder, bp, b0, b1, single, n)
+            scales = builder.fmul(d, rows.scales(p))
             for t, acc in enumerate(accs):
                 xa, xb = rows.codes(t, p)
                 start = rows.start(t, p) if offset else None
