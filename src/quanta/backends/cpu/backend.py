@@ -16,6 +16,7 @@ import numpy as np
 
 from quanta.backends.base import AttentionMetadata, Backend, KVShape
 from quanta.backends.cpu import attention as _attention
+from quanta.backends.cpu import grouped as _grouped
 from quanta.backends.cpu import ops as _ops
 from quanta.backends.cpu import qmatmul as _qmatmul
 from quanta.backends.cpu.cached_dispatch import load_without_refresh
@@ -144,6 +145,13 @@ class CPUBackend(Backend):
             out[...] = residual
         _ops.add_rows(out, y)  # same rounding as the separate add: (x @ W.T + bias) + residual
         return out
+
+    def fuse(self, weights: list[_qmatmul.QWeight], biases: list[np.ndarray | None]) -> _grouped.QWeightGroup | None:
+        """Weights of one input as one GEMV job (``grouped.py``: no copy; fast mode's q8 GEMV only)."""
+        return _grouped.group(weights, biases, self._threads, self.exact)
+
+    def matmul_split(self, x: np.ndarray, w: _grouped.QWeightGroup, outs: list[np.ndarray]) -> list[np.ndarray]:
+        return _grouped.matmul_group(x, w, self._threads, outs, plan=self._plan)
 
     def embed(self, w: _qmatmul.QWeight, token_ids: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
         rows = _qmatmul.qembed(w, token_ids)

@@ -42,31 +42,41 @@ WINDOW = 128  # jobs between two looks at how the work was shared (a decode step
 CLAIM_BITS = 20  # chunks per job < 2**20
 SPIN_CYCLES = 300_000  # an idle worker polls ~100 us (TSC at 2-4 GHz) before it sleeps
 GEMV_Q8, GEMV_F32 = 1, 2
-# job descriptor: kind, format code, chunks, then the weight (address, rows, bytes per row), the activations
-# (rows, k, then the addresses of x or its q8 codes, scales, sums, dot starting values; the q8 statistics'
-# groups of rows), the output and Q2_K/Q3_K scratch
-KIND, FMT, CHUNKS, W, M, ROW_BYTES, N, K, X, XD, XSUM, XSTART, GROUPS, OUT, BUF, THREADS = range(16)
+# job descriptor: kind, chunks, the activations (rows, k, then the addresses of x or its q8 codes, scales, sums,
+# dot starting values; the q8 statistics' groups of rows), Q2_K/Q3_K scratch, threads, and the weights of one
+# input (parts: a Q/K/V or gate/up group shares its activations), each at PART + PART_WORDS * p: format code,
+# address, rows, bytes per row, output address, first chunk (a part's chunks run to the next part's first)
+KIND, CHUNKS, N, K, X, XD, XSUM, XSTART, GROUPS, BUF, THREADS, PARTS = range(12)
+PART, PART_WORDS, MAX_PARTS = 12, 6, 3
+FMT, W, M, ROW_BYTES, OUT, FIRST = range(6)
+JOB_WORDS = PART + PART_WORDS * MAX_PARTS
 
 
 @njit(nogil=True)
 def _run_chunk(job, c, tid, isa):
-    """Rows ``[c*m/chunks, (c+1)*m/chunks)`` of the job's GEMV, every activation row."""
-    m, n, k = job[M], job[N], job[K]
-    r0, r1 = c * m // job[CHUNKS], (c + 1) * m // job[CHUNKS]
-    raw2d = u8_array_2d(job[W], (m, job[ROW_BYTES]))
-    out = f32_array_2d(job[OUT], (n, m))
+    """Chunk ``c`` of the job: of the part it falls in, its share of the part's rows, every activation row."""
+    p = 0
+    while p + 1 < job[PARTS] and c >= job[PART + PART_WORDS * (p + 1) + FIRST]:
+        p += 1
+    w = PART + PART_WORDS * p
+    end = job[CHUNKS] if p + 1 == job[PARTS] else job[w + PART_WORDS + FIRST]
+    chunks, c = end - job[w + FIRST], c - job[w + FIRST]
+    m, n, k, fmt = job[w + M], job[N], job[K], job[w + FMT]
+    r0, r1 = c * m // chunks, (c + 1) * m // chunks
+    raw2d = u8_array_2d(job[w + W], (m, job[w + ROW_BYTES]))
+    out = f32_array_2d(job[w + OUT], (n, m))
     if job[KIND] == GEMV_Q8:  # k: the length of a row of codes, 64 per pair of blocks (q8_rows.py)
         xq = i8_array_2d(job[X], (n, k))
         xd = f32_array_3d(job[XD], (job[GROUPS], k // 64, 2 * ROWS_PER_PASS))
         xsum = f32_array_3d(job[XSUM], (job[GROUPS], k // 64, 2 * ROWS_PER_PASS))
         xstart = i32_array_3d(job[XSTART], (n, k // 64, 8))
-        rows_dot_q8(isa, job[FMT], raw2d, r0, r1, xq, xd, xsum, xstart, out)
+        rows_dot_q8(isa, fmt, raw2d, r0, r1, xq, xd, xsum, xstart, out)
     else:
         xsum = f32_array_2d(job[XSUM], (n, k // 32))
         x = f32_array_2d(job[X], (n, k))
         buf = f32_array_1d(job[BUF] + 4 * k * tid, k)
         for t in range(n):
-            rows_dot(job[FMT], raw2d, r0, r1, x[t], xsum[t], out[t], buf)
+            rows_dot(fmt, raw2d, r0, r1, x[t], xsum[t], out[t], buf)
 
 
 @njit(nogil=True)
@@ -148,13 +158,26 @@ def worker_loop(ctl, job, tid, spin_cycles, isa):
 
 
 @njit(nogil=True)
-def _describe(job, kind, fmt, chunks, raw2d, x, out, xd, xsum, xstart, groups, buf):
-    m, row_bytes = raw2d.shape
+def _describe(job, kind, chunks, x, xd, xsum, xstart, groups, buf, parts):
     n, k = x.shape
-    job[KIND], job[FMT], job[CHUNKS], job[W], job[M], job[ROW_BYTES] = kind, fmt, chunks, raw2d.ctypes.data, m, row_bytes
-    job[N], job[K], job[X], job[OUT] = n, k, x.ctypes.data, out.ctypes.data
+    job[KIND], job[CHUNKS], job[N], job[K], job[X], job[PARTS] = kind, chunks, n, k, x.ctypes.data, parts
     job[XD], job[XSUM], job[XSTART], job[GROUPS] = xd.ctypes.data, xsum.ctypes.data, xstart.ctypes.data, groups
     job[BUF] = buf.ctypes.data
+
+
+@njit(nogil=True)
+def _describe_part(job, p, fmt, raw2d, out, first):
+    w = PART + PART_WORDS * p
+    job[w + FMT], job[w + W], job[w + M], job[w + ROW_BYTES] = fmt, raw2d.ctypes.data, raw2d.shape[0], raw2d.shape[1]
+    job[w + OUT], job[w + FIRST] = out.ctypes.data, first
+
+
+@njit(nogil=True)
+def _q8_activations(isa, fmt, x, xq, xd, xsum, xstart):
+    if fmt in SUPERBLOCK_FORMATS:
+        superblock_activations(x, xq, xd, xsum, xstart)
+    else:
+        gemv_activations(x, xq, xd, xsum, xstart, dot_offset(isa, fmt))
 
 
 @njit(nogil=True, cache=True)
@@ -162,11 +185,29 @@ def gemv_q8(isa, ctl, job, fmt, raw2d, x, out, chunks, xq, xd, xsum, xstart):
     """Fast-mode GEMV ``out = q8(x) @ W.T``: activations quantized on the caller into its scratch (layout in
     ``q8_rows.py``), then the row chunks shared with the workers. All arrays C-contiguous; the kernel allocates
     nothing. Returns ``_run_job``'s flag."""
-    if fmt in SUPERBLOCK_FORMATS:
-        superblock_activations(x, xq, xd, xsum, xstart)
-    else:
-        gemv_activations(x, xq, xd, xsum, xstart, dot_offset(isa, fmt))
-    _describe(job, GEMV_Q8, fmt, chunks, raw2d, xq, out, xd, xsum, xstart, xd.shape[0], xstart)
+    _q8_activations(isa, fmt, x, xq, xd, xsum, xstart)
+    _describe(job, GEMV_Q8, chunks, xq, xd, xsum, xstart, xd.shape[0], xstart, 1)
+    _describe_part(job, 0, fmt, raw2d, out, 0)
+    return _run_job(ctl, job, isa)
+
+
+@njit(nogil=True, cache=True)
+def gemv_q8_group(isa, ctl, job, fmts, raws, x, outs, chunks, xq, xd, xsum, xstart):
+    """``gemv_q8`` of 2 or 3 weights of the same input (``fmts``, ``raws``, ``outs``: tuples; formats whose q8
+    activations are the same: ``q8_group_key``): x quantized once, one job whose chunks are shared out over the
+    weights by their bytes. Returns ``_run_job``'s flag."""
+    _q8_activations(isa, fmts[0], x, xq, xd, xsum, xstart)
+    parts = len(raws)
+    total = 0
+    for raw in raws:
+        total += raw.size
+    chunks = max(chunks, parts)
+    first, seen = 0, 0
+    for p in range(parts):
+        _describe_part(job, p, fmts[p], raws[p], outs[p], first)
+        seen += raws[p].size
+        first = max(first + 1, min(chunks - (parts - 1 - p), (chunks * seen + total // 2) // total))
+    _describe(job, GEMV_Q8, chunks, xq, xd, xsum, xstart, xd.shape[0], xstart, parts)
     return _run_job(ctl, job, isa)
 
 
@@ -180,7 +221,8 @@ def gemv(isa, ctl, job, fmt, raw2d, x, out, chunks, xsum, buf):
             for j in range(32 * i, 32 * i + 32):
                 s += x[t, j]
             xsum[t, i] = s
-    _describe(job, GEMV_F32, fmt, chunks, raw2d, x, out, xsum, xsum, xsum, 0, buf)
+    _describe(job, GEMV_F32, chunks, x, xsum, xsum, xsum, 0, buf, 1)
+    _describe_part(job, 0, fmt, raw2d, out, 0)
     return _run_job(ctl, job, isa)
 
 
@@ -205,7 +247,7 @@ class WorkerPool:
         self.threads = threads
         self.isa = isa
         self.ctl = np.zeros(NEXT + LINE * threads, np.int64)
-        self.job = np.zeros(16, np.int64)
+        self.job = np.zeros(JOB_WORDS, np.int64)
         self.job[THREADS] = threads
         self._workers = [threading.Thread(target=worker_loop, args=(self.ctl, self.job, tid, SPIN_CYCLES, isa), daemon=True,
                                           name=f"quanta-cpu-{tid}") for tid in range(1, threads)]
