@@ -33,6 +33,11 @@ class QWeightGroup:
     def widths(self) -> tuple[int, ...]:
         return tuple(w.shape[0] for w in self.parts)
 
+    @property
+    def type(self) -> str:
+        """The parts' quant types ("Q4_K+Q6_K"), as profiles label matmuls."""
+        return "+".join(dict.fromkeys(w.type for w in self.parts))
+
 
 def activation_kind(isa: str, w: QWeight) -> tuple:
     """What the q8 GEMV makes of the activations for ``w``: the K-quants' one scale per 256, or the legacy
