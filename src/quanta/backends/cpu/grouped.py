@@ -11,7 +11,7 @@ result is bit for bit the one its weight's own GEMV gives.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,10 +24,18 @@ from quanta.backends.cpu.qmatmul import CPUThreads, QWeight, RowPlan, _q8_buffer
 
 @dataclass(frozen=True, eq=False)
 class QWeightGroup:
-    """Weights of the same input features, multiplied together; ``biases`` added after (None: none)."""
+    """Weights of the same input features, multiplied together; ``biases`` added after (None: none). ``gemm_rows``:
+    the activation rows from which its weights take a GEMM (the fewest of theirs)."""
 
     parts: tuple[QWeight, ...]
     biases: tuple[np.ndarray | None, ...]
+    gemm_rows: int
+    fmts: tuple[int, ...] = field(init=False, repr=False)  # the GEMV's arguments, made once
+    raws: tuple[np.ndarray, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fmts", tuple(w.fmt for w in self.parts))
+        object.__setattr__(self, "raws", tuple(w.raw2d for w in self.parts))
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -55,15 +63,14 @@ def group(weights: list[QWeight], biases: list[np.ndarray | None], threads: CPUT
         return None
     if len({activation_kind(threads.isa, w) for w in weights}) > 1:
         return None
-    return QWeightGroup(tuple(weights), tuple(biases))
+    return QWeightGroup(tuple(weights), tuple(biases), min(q8_gemm_min_rows(threads.isa, w.type) for w in weights))
 
 
 def matmul_group(x: np.ndarray, g: QWeightGroup, threads: CPUThreads, outs: list[np.ndarray], *,
                  plan: RowPlan | None = None) -> list[np.ndarray]:
     """``outs[i] = x @ dequantize(parts[i]).T (+ biases[i])``; one job where every row takes the GEMV."""
     n = x.shape[0]
-    decode = plan is None or plan.n != n or plan.n_decode == n
-    gemv = decode and n < min(q8_gemm_min_rows(threads.isa, w.type) for w in g.parts)
+    gemv = n < g.gemm_rows and (plan is None or plan.n != n or plan.n_decode == n)
     if not gemv or not all(o.dtype == np.float32 and o.flags.c_contiguous for o in outs):
         for w, out in zip(g.parts, outs):
             qmatmul(x, w, threads, out=out, plan=plan)
@@ -72,9 +79,8 @@ def matmul_group(x: np.ndarray, g: QWeightGroup, threads: CPUThreads, outs: list
             x = np.ascontiguousarray(x, dtype=np.float32)
         pool = threads.workers
         with threads.gemv_lock:
-            window = _workers.gemv_q8_group(threads.token, pool.ctl, pool.job, tuple(w.fmt for w in g.parts),
-                                            tuple(w.raw2d for w in g.parts), x, tuple(outs), threads.chunks,
-                                            *_q8_buffers(n, x.shape[1]))
+            window = _workers.gemv_q8_group(threads.token, pool.ctl, pool.job, g.fmts, g.raws, x, tuple(outs),
+                                            threads.chunks, *_q8_buffers(n, x.shape[1]))
         if window and threads.n > 1:
             threads.adapt()
     for out, bias in zip(outs, g.biases):
