@@ -3,10 +3,11 @@
 Three prompt sets of eight chat prompts each: repetitive or grounded output (repeat a list, summarise a given text,
 edit a given snippet), prose, and code from scratch. Each prompt is decoded greedily by the same model twice per
 repeat, with and without speculation, alternating; greedy speculation is lossless, so both produce the same tokens
-and the ratio of their decode times is the speed-up. The first set runs one more repeat first, not timed: it warms
-both engines up (kernel compiles, and on a GPU the decode graphs of the verify steps' row counts). Per set: the speed-up of the summed decode times (median over
-repeats), the drafts' acceptance rate, the tokens each verify step yields, and the verify step's cost a + b*k in
-plain steps as the gate has measured it so far (``quanta.engine.step_cost``).
+(on a GPU up to rounding at near-ties) and the ratio of their decode times is the speed-up. The first set runs one
+more repeat first, not timed: it warms both engines up (kernel compiles, and on a GPU the decode graphs of the
+verify steps' row counts). Per set: the speed-up of the summed decode times (median over repeats), the drafts'
+acceptance rate, the tokens each verify step yields, and the verify step's cost a + b*k in plain steps as the gate
+has measured it so far (``quanta.engine.step_cost``).
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
 A decode-only batch (one new token per sequence, every row sampled) of n sequences replays the graph of the
 smallest bucket b ≥ n of 1, 2, 4, … max_seqs (a verify step of speculative decoding comes as one such row per
-token: ``model_runner.decode_rows``). The step that records a decode graph runs eagerly, the graph replays from
-the next step on: on the H200 the first replay of a graph recorded in a verify step returned a wrong row (greedy
-speculation then kept a draft that the model's own logits rejected by 5.0; GPU run 234), while the eager step and
-later replays were right (cause not found; under the interpreter the recorded forward is right at once). A step with prefill chunks of n tokens in s sequences (decode tokens
-beside them too) replays the graph of (T ≥ n tokens, S ≥ s + 1 sequences) once that shape has run twice (the first
-time eagerly: a one-off prompt length pays no capture), T from 16 up in steps of 16, or 1/16 of the next power of
-two above 256 (padding under 16 tokens or 12.5%), S a power of two. Graphs are recorded by ``Backend.capture``.
+token: ``model_runner.decode_rows``). A step with prefill chunks of n tokens in s sequences (decode tokens beside
+them too) replays the graph of (T ≥ n tokens, S ≥ s + 1 sequences) once that shape has run twice (the first time
+eagerly: a one-off prompt length pays no capture), T from 16 up in steps of 16, or 1/16 of the next power of two
+above 256 (padding under 16 tokens or 12.5%), S a power of two. Graphs are recorded by ``Backend.capture``.
+
+The step that records a decode graph runs eagerly; the graph replays from the next step on. On the H200 the first
+replay of a graph recorded in a verify step returned a wrong row (greedy speculation then kept a draft that the
+model's own logits rejected by 5.0; GPU run 234), while the eager step and later replays were right (cause not
+found; under the interpreter, where the recorded forward is simply called, the first use is right).
 
 A graph's inputs, the token ids, the placement (AttentionMetadata) and the rows that need logits, live in one
 device array that each step rewrites in place with one host→device copy (``write``); tokens the step before
