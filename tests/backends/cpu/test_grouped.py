@@ -32,7 +32,7 @@ def test_a_group_is_each_weight_alone(isa, types):
     g = group(ws, biases, threads, exact=False)
     assert g is not None and g.widths == tuple(w.shape[0] for w in ws)
     rng = np.random.default_rng(1)
-    for n, plan in ((1, None), (3, None), (6, RowPlan(np.array([0, 1, 6]), np.array([False, True])))):
+    for n, plan in ((1, None), (3, None), (8, None), (6, RowPlan(np.array([0, 1, 6]), np.array([False, True])))):
         x = rng.standard_normal((n, 512)).astype(np.float32)
         outs = matmul_group(x, g, threads, [np.full((n, w.shape[0]), np.nan, np.float32) for w in ws], plan=plan)
         for w, b, got in zip(ws, biases, outs):
