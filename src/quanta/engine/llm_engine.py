@@ -161,12 +161,11 @@ class LLMEngine:
                 self.runner.captures == captures):  # no prefill chunk, no graph recorded
             launched.shape = (len(batch), sum(len(seq.draft) for seq in batch.seqs))
         if sampling and all(on_device(seq) for seq in sampling):
-            launched.tokens = self.sampler.on_device(logits)
+            best = self.sampler.on_device(logits)
             if any(seq.draft for seq in sampling):  # a verify step: every row's greedy token, read now
-                launched.host_tokens = self.sampler.verify_greedy(self.backend.to_host(launched.tokens), sampling)
-                launched.tokens = None
+                launched.host_tokens = self.sampler.verify_greedy(self.backend.to_host(best), sampling)
             else:
-                launched.read_tokens = self.backend.to_host_later(launched.tokens)
+                launched.tokens, launched.read_tokens = best, self.backend.to_host_later(best)
         elif sampling:  # before the reservations: penalties read the context
             launched.host_tokens, launched.logprobs = self.sampler.sample(logits, sampling)
         self.scheduler.postprocess(batch)

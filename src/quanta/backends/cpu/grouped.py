@@ -30,12 +30,8 @@ class QWeightGroup:
     parts: tuple[QWeight, ...]
     biases: tuple[np.ndarray | None, ...]
     gemm_rows: int
-    fmts: tuple[int, ...] = field(init=False, repr=False)  # the GEMV's arguments, made once
-    raws: tuple[np.ndarray, ...] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "fmts", tuple(w.fmt for w in self.parts))
-        object.__setattr__(self, "raws", tuple(w.raw2d for w in self.parts))
+    fmts: tuple[int, ...] = field(repr=False)  # the GEMV's arguments: the parts' format codes and bytes
+    raws: tuple[np.ndarray, ...] = field(repr=False)
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -57,13 +53,14 @@ def group(weights: list[QWeight], biases: list[np.ndarray | None], threads: CPUT
           exact: bool) -> QWeightGroup | None:
     """A group of ``weights`` (2 or 3 of the same row length, each with the fast mode's q8 GEMV and the same
     activations), or None: each is then multiplied on its own."""
-    if exact or not 2 <= len(weights) <= _workers.MAX_PARTS or threads.isa is None:
+    if exact or not 2 <= len(weights) <= _workers.MAX_PARTS:
         return None
     if any(w.type not in threads.q8_types or w.shape[1] != weights[0].shape[1] for w in weights):
         return None
     if len({activation_kind(threads.isa, w) for w in weights}) > 1:
         return None
-    return QWeightGroup(tuple(weights), tuple(biases), min(q8_gemm_min_rows(threads.isa, w.type) for w in weights))
+    return QWeightGroup(tuple(weights), tuple(biases), min(q8_gemm_min_rows(threads.isa, w.type) for w in weights),
+                        tuple(w.fmt for w in weights), tuple(w.raw2d for w in weights))
 
 
 def matmul_group(x: np.ndarray, g: QWeightGroup, threads: CPUThreads, outs: list[np.ndarray], *,

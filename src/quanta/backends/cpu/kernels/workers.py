@@ -194,7 +194,7 @@ def gemv_q8(isa, ctl, job, fmt, raw2d, x, out, chunks, xq, xd, xsum, xstart):
 @njit(nogil=True, cache=True)
 def gemv_q8_group(isa, ctl, job, fmts, raws, x, outs, chunks, xq, xd, xsum, xstart):
     """``gemv_q8`` of 2 or 3 weights of the same input (``fmts``, ``raws``, ``outs``: tuples; formats whose q8
-    activations are the same: ``q8_group_key``): x quantized once, one job whose chunks are shared out over the
+    activations are the same: ``grouped.activation_kind``): x quantized once, one job whose chunks are shared out over the
     weights by their bytes. Returns ``_run_job``'s flag."""
     _q8_activations(isa, fmts[0], x, xq, xd, xsum, xstart)
     parts = len(raws)
