@@ -22,8 +22,8 @@ class ScriptedEngine:
     def reset_prefix_cache(self) -> None:
         pass
 
-    def add_request(self, prompt, params, stop) -> int:
-        assert params.temperature == 0 and stop.ignore_eos and stop.max_tokens == 4
+    def add_request(self, prompt, params, stop, constraint=None) -> int:
+        assert params.temperature == 0 and stop.ignore_eos and stop.max_tokens == 4 and constraint is None
         self.added.append(prompt)
         return len(self.added) - 1
 
@@ -70,6 +70,26 @@ def test_concurrency_bench_on_the_cpu(smollm2_path, tmp_path) -> None:
     assert r["prefix_cache"]["cached_tokens"] == [0, 32]  # the shared prefix's full blocks of 16
     assert r["peer"]["name"] == "llama.cpp" and [row["concurrency"] for row in r["peer"]["runs"]] == [1, 3]
     assert all(row["decode_tok_s"] > 0 and row["prefill_tok_s"] > 0 for row in r["peer"]["runs"])
+
+
+def test_constrained_bench_runs_each_burst_free_then_constrained(smollm2_path, tmp_path, capsys) -> None:
+    out = tmp_path / "constrained.json"
+    status = main(["bench", "-m", str(smollm2_path), "--device", "cpu", "--threads", "2", "--concurrency", "2",
+                   "-p", "8", "-n", "16", "--repeats", "1", "--prefix-tokens", "0", "--regex", "(a|b| ){8}",
+                   "--json", str(out)])
+    assert status == 0 and "under the regex constraint" in capsys.readouterr().out
+    row = json.loads(out.read_text())["runs"][0]
+    assert 1 < row["tokens_per_seq"] <= 8  # the grammar ends every request after 8 characters; free ones run 16
+    assert row["free_decode_tok_s"] > 0 and row["decode_tok_s"] > 0 and row["free_per_seq_decode_tok_s"] > 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--regex", "a+"], "add --concurrency"),
+    (["--regex", "a+", "--concurrency", "2", "--vs", "llama.cpp"], "measure a constraint without --vs"),
+])
+def test_a_constraint_needs_the_batched_bench_without_a_peer(args, message, capsys) -> None:
+    assert main(["bench", "--device", "cpu", *args]) != 0
+    assert message in capsys.readouterr().err
 
 
 def test_bad_concurrency_is_a_clear_error(capsys) -> None:

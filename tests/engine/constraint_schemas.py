@@ -184,9 +184,11 @@ SCHEMAS: tuple[SchemaCase, ...] = (
 
 
 def generate_constrained_batch(llm: Any, jobs: list[tuple[list[int], Constraint]], *, max_tokens: int = MAX_TOKENS,
-                               temperature: float = 0.0, seed: int = 0) -> list[tuple[list[int], bool]]:
+                               temperature: float = 0.0, seed: int = 0,
+                               logprobs: int | None = None) -> list[tuple[list[int], bool]]:
     """Runs every (prompt, constraint) job through the engine as one batch (``LLMEngine.add_request`` with the
-    constraint; plain softmax sampling when ``temperature`` > 0, job i seeded with ``seed + i``). Returns each job's
+    constraint; plain softmax sampling when ``temperature`` > 0, job i seeded with ``seed + i``; ``logprobs``
+    asked or not: greedy rows are then picked on the host, else on the backend). Returns each job's
     ids (EOS left out) and whether its output finished (EOS, or nothing more allowed) rather than being cut at
     ``max_tokens``."""
     engine = llm.engine
@@ -194,7 +196,8 @@ def generate_constrained_batch(llm: Any, jobs: list[tuple[list[int], Constraint]
     done: dict[int, bool] = {}
     rids = []
     for i, (prompt, constraint) in enumerate(jobs):
-        params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed + i)
+        params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed + i,
+                                logprobs=logprobs)
         rid = engine.add_request(prompt, params, StopConditions(max_tokens=max_tokens), constraint)
         rids.append(rid)
         ids[rid] = []

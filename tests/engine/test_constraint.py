@@ -173,6 +173,32 @@ def test_generated_json_validates(llm: quanta.LLM, temperature: float) -> None:
     assert failures == []
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["in-step", "queued-ahead"])
+def test_masked_argmax_on_the_backend_equals_the_host_sampler(llm: quanta.LLM, asynchronous: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Constrained greedy rows are picked by the backend's masked argmax (with steps queued ahead as a device
+    backend queues them, each mask made once the step before has advanced its grammar); the host sampler, which
+    a logprobs request forces, picks the same tokens. Unconstrained rows share the batch."""
+    llt = ll_tokenizer(llm.tokenizer, llm.model.n_vocab)
+    masked: list[int] = []
+    argmax = llm.backend.argmax_rows
+    monkeypatch.setattr(llm.backend, "argmax_rows",
+                        lambda logits, masks=None: masked.append(masks is not None) or argmax(logits, masks))
+    monkeypatch.setattr(llm.engine, "asynchronous", asynchronous)
+
+    def run(logprobs: int | None) -> list[tuple[list[int], bool]]:
+        llm.engine.reset_prefix_cache()
+        jobs = [(_prompt(llm, case.name), Constraint(Grammar.json_schema(case.schema), llt)) for case in SCHEMAS[:5]]
+        jobs.append((llm.tokenize("Once upon a time"), None))
+        return generate_constrained_batch(llm, jobs, max_tokens=24, logprobs=logprobs)
+
+    host = run(logprobs=0)
+    assert not any(masked)
+    device = run(logprobs=None)
+    assert any(masked)
+    assert device == host
+
+
 def _schema_error(case: SchemaCase, text: str) -> str | None:
     try:
         jsonschema.validate(json.loads(text), case.schema, format_checker=FORMATS)

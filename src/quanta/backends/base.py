@@ -28,6 +28,15 @@ Array = Any  # numpy.ndarray on the CPU, torch.Tensor on CUDA
 Weight = Any  # a backend's prepared quantized weight (GGUF blocks, possibly repacked)
 
 
+def allowed_tokens(masks: np.ndarray, n_vocab: int) -> np.ndarray:
+    """bool (..., n_vocab) of packed token masks (llguidance's layout: int32 words, bit ``i % 32`` of word
+    ``i // 32`` set when token ``i`` is allowed); tokens past the masks' words are not allowed."""
+    bits = np.unpackbits(np.ascontiguousarray(masks).view(np.uint8), axis=-1, bitorder="little")[..., :n_vocab]
+    if bits.shape[-1] < n_vocab:
+        bits = np.concatenate([bits, np.zeros((*bits.shape[:-1], n_vocab - bits.shape[-1]), np.uint8)], axis=-1)
+    return bits.view(bool)
+
+
 @dataclass(frozen=True)
 class KVShape:
     """What the KV pool must hold: per layer one K and one V of ``(n_kv_heads, n_blocks * block_size, head_dim)``.
@@ -264,9 +273,11 @@ class Backend(ABC):
         """Rows ``rows`` (int32 indices) of (n, d) as a new (len(rows), d) array (the rows that need logits)."""
 
     @abstractmethod
-    def argmax_rows(self, logits: Array) -> Array:
+    def argmax_rows(self, logits: Array, masks: np.ndarray | None = None) -> Array:
         """The greedy token of each row of (n, vocab) as int32 (n,); -1 for a row whose largest value is not
-        finite (NaN or inf logits: a broken model)."""
+        finite (NaN or inf logits: a broken model). ``masks``: host int32 (n, words), row i's allowed tokens as
+        packed bits (:func:`allowed_tokens`); the others count as -inf (-1 when none is allowed). The backend
+        is done with ``masks`` when this returns (the caller may overwrite it)."""
 
     def synchronize(self) -> None:
         """Wait for queued work (for timing); a no-op on the CPU."""

@@ -9,13 +9,16 @@ percentiles over every request of every repeat (arrival to first token, queueing
 a request whose prompt shares ``prefix_tokens`` tokens with a finished one gets its first token in what fraction of
 the first one's time. The same prompts on every engine and run; warm-up runs first (kernels compiled, a CUDA graph
 captured per batch-size bucket). ``vs="llama.cpp"``: the same bursts through llama.cpp's own parallel decoding
-(llama_batched.py) after quanta's, on the CPU.
+(llama_batched.py) after quanta's, on the CPU. ``constraint`` (one of generate's constraint keywords): each burst
+runs free, then with every request's output under that constraint (a request ends early where its grammar is
+complete); the figures are the constrained bursts', with the free ones' decode beside them: the masks' cost.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,7 @@ class ServingConfig:
     vs: str | None = None  # "llama.cpp": the same bursts through llama.cpp's batched decoding
     cpu_isa: str | None = None
     cuda: dict | None = None  # the CUDA backend's switches, from the CLI's environment
+    constraint: dict[str, Any] | None = None  # e.g. {"regex": "..."}: A/B of constrained against free bursts
 
 
 def _prompts(vocab: int, n: int, length: int, seed: int) -> list[list[int]]:
@@ -56,12 +60,14 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
-def run_burst(engine: Any, prompts: list[list[int]], decode_tokens: int) -> dict[str, Any]:
-    """All ``prompts`` added at once, stepped to the end: the burst's figures and each request's TTFT."""
+def run_burst(engine: Any, prompts: list[list[int]], decode_tokens: int,
+              constraint: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """All ``prompts`` added at once, stepped to the end: the burst's figures and each request's TTFT;
+    ``constraint`` makes each request's Constraint."""
     stop = StopConditions(max_tokens=decode_tokens, ignore_eos=True)
     engine.reset_prefix_cache()
     t0 = time.perf_counter()
-    ids = [engine.add_request(p, GREEDY, stop) for p in prompts]
+    ids = [engine.add_request(p, GREEDY, stop, constraint() if constraint else None) for p in prompts]
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     counts = {i: 0 for i in ids}
@@ -85,12 +91,29 @@ def run_burst(engine: Any, prompts: list[list[int]], decode_tokens: int) -> dict
     t_end = time.perf_counter()
     for i in ids:
         engine.release(i)
-    assert t_all_first is not None and all(c == decode_tokens for c in counts.values()), counts
+    assert t_all_first is not None and all(c == decode_tokens or constraint and 0 < c < decode_tokens
+                                           for c in counts.values()), counts
     per_seq = [(counts[i] - 1) / (last[i] - first[i]) for i in ids if counts[i] > 1 and last[i] > first[i]]
     return {"prefill_tok_s": sum(map(len, prompts)) / (t_all_first - t0),
             "decode_tok_s": after_all_first / (t_end - t_all_first) if t_end > t_all_first else float("nan"),
             "per_seq_decode_tok_s": statistics.median(per_seq) if per_seq else float("nan"),
-            "total_s": t_end - t0, "steps": steps, "ttft_s": [first[i] - t0 for i in ids]}
+            "total_s": t_end - t0, "steps": steps, "ttft_s": [first[i] - t0 for i in ids],
+            "tokens_per_seq": sum(counts.values()) / len(ids)}
+
+
+def constrained_burst(engine: Any, constraint: dict[str, Any]) -> Callable[[list[list[int]], int], dict[str, Any]]:
+    """A burst run free, then under ``constraint``: the constrained figures, and the free decode as
+    ``free_decode_tok_s`` / ``free_per_seq_decode_tok_s``."""
+    from quanta.engine.constraint import Constraint, Grammar, ll_tokenizer
+
+    grammar = Grammar.from_keywords(constraint)
+    vocabulary = ll_tokenizer(engine.tokenizer, engine.model.n_vocab)
+
+    def burst(prompts: list[list[int]], n: int) -> dict[str, Any]:
+        free = run_burst(engine, prompts, n)
+        bound = run_burst(engine, prompts, n, lambda: Constraint(grammar, vocabulary))
+        return bound | {f"free_{k}": free[k] for k in ("decode_tok_s", "per_seq_decode_tok_s")}
+    return burst
 
 
 def _ttft(engine: Any, prompt: list[int]) -> tuple[float, int]:
@@ -133,7 +156,10 @@ def _measure(burst: Any, cfg: ServingConfig, vocab: int, name: str, progress: bo
                       flush=True)
         ttft = [t for b in bursts for t in b["ttft_s"]]
         row: dict[str, Any] = {"concurrency": c}
-        for key in ("prefill_tok_s", "decode_tok_s", "per_seq_decode_tok_s", "total_s"):
+        for key in ("prefill_tok_s", "decode_tok_s", "per_seq_decode_tok_s", "total_s", "tokens_per_seq",
+                    "free_decode_tok_s", "free_per_seq_decode_tok_s"):
+            if key not in bursts[0]:
+                continue
             values = [b[key] for b in bursts]
             row[key] = statistics.median(values)
             row[f"{key}_spread"] = {"min": min(values), "max": max(values)}
@@ -148,6 +174,8 @@ def run_serving(cfg: ServingConfig, *, progress: bool = False) -> dict[str, Any]
     from quanta import LLM
 
     if cfg.vs is not None:
+        if cfg.constraint:
+            raise ValueError("--vs llama.cpp runs its bursts free: measure a constraint without --vs")
         if cfg.device != "cpu":
             raise ValueError("--concurrency --vs llama.cpp compares on the CPU (the llama.cpp here is a CPU build)")
         require_llama_cpp()  # before quanta loads: a missing peer is the first thing said
@@ -164,7 +192,9 @@ def run_serving(cfg: ServingConfig, *, progress: bool = False) -> dict[str, Any]
         import torch
 
         report["device_name"] = torch.cuda.get_device_name()
-    report["runs"] = _measure(lambda prompts, n: run_burst(engine, prompts, n), cfg, vocab, "quanta", progress)
+    burst = (constrained_burst(engine, cfg.constraint) if cfg.constraint
+             else lambda prompts, n: run_burst(engine, prompts, n))
+    report["runs"] = _measure(burst, cfg, vocab, "quanta", progress)
     if cfg.prefix_tokens:
         report["prefix_cache"] = prefix_cache_ttft(engine, vocab, cfg.prefix_tokens)
     llm.close()
@@ -190,6 +220,16 @@ def format_serving(report: dict[str, Any]) -> str:
         lines.append(f"{r['concurrency']:>11} {r['decode_tok_s']:>13,.0f} {r['per_seq_decode_tok_s']:>9,.1f} "
                      f"{r['prefill_tok_s']:>14,.0f} {r['ttft_ms_p50']:>12,.1f} {r['ttft_ms_p90']:>9,.1f} "
                      f"{r['ttft_ms_p99']:>9,.1f} {r['steps']:>6}")
+    if c.get("constraint"):
+        (kind, value), = c["constraint"].items()
+        lines += ["", f"under the {kind} constraint ({str(value)[:60]}), against the same bursts free:",
+                  f"{'concurrency':>11} {'tokens/seq':>11} {'decode tok/s':>13} {'free':>9} {'ratio':>7} "
+                  f"{'per seq':>9} {'free':>9} {'ratio':>7}"]
+        for r in report["runs"]:
+            lines.append(f"{r['concurrency']:>11} {r['tokens_per_seq']:>11.1f} {r['decode_tok_s']:>13,.0f} "
+                         f"{r['free_decode_tok_s']:>9,.0f} {r['decode_tok_s'] / r['free_decode_tok_s']:>7.3f} "
+                         f"{r['per_seq_decode_tok_s']:>9,.1f} {r['free_per_seq_decode_tok_s']:>9,.1f} "
+                         f"{r['per_seq_decode_tok_s'] / r['free_per_seq_decode_tok_s']:>7.3f}")
     if "peer" in report:
         name = report["peer"]["name"]
         lines += ["", f"{name}, the same bursts through its batched decoding:",

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from quanta.cli.run import add_constraint_options, output_constraint
+
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None, help="model path or known name (default: smollm2-135m)")
@@ -35,6 +37,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative", choices=("ngram",), default=None,
                    help="instead: speculative decoding against plain decoding on three prompt sets, A/B "
                         "(quanta.bench.speculative; needs an instruct model)")
+    add_constraint_options(p, "with --concurrency, A/B against no constraint: each request's output")
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the roofline chart and per-op bars")
 
@@ -60,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--plot needs matplotlib, which is not installed: run `make bench-deps`")
     prepare_cpu_runtime()  # before the bandwidth probe loads numba's OpenMP layer
     threads = args.threads or len(os.sched_getaffinity(0))
+    if output_constraint(args) and args.concurrency is None:
+        raise ValueError("--json-schema, --regex and --grammar measure the batched engine: add --concurrency")
     if args.concurrency is not None:
         return _serving(args, threads)
     if args.speculative is not None:
@@ -98,7 +103,8 @@ def _serving(args: argparse.Namespace, threads: int) -> int:
                                        prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens,
                                        repeats=args.repeats, threads=threads, exact=args.exact,
                                        prefix_tokens=args.prefix_tokens, vs=args.vs, cpu_isa=args.cpu_isa,
-                                       cuda=args.cuda), progress=sys.stderr.isatty())
+                                       cuda=args.cuda, constraint=output_constraint(args) or None),
+                         progress=sys.stderr.isatty())
     return _report(report, args, format_serving, plot_serving)
 
 

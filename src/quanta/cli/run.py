@@ -73,10 +73,14 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_sampling_options(p)
     p.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     p.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
+    add_constraint_options(p)
+
+
+def add_constraint_options(p: argparse.ArgumentParser, what: str = "the output") -> None:
     shape = p.add_mutually_exclusive_group()
-    shape.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid against this schema file")
-    shape.add_argument("--regex", metavar="R", help="the whole output matches this regular expression")
-    shape.add_argument("--grammar", metavar="FILE", help="the output follows this grammar file (GBNF or Lark)")
+    shape.add_argument("--json-schema", metavar="FILE", help=f"{what} is JSON valid against this schema file")
+    shape.add_argument("--regex", metavar="R", help=f"{what} matches this regular expression (whole)")
+    shape.add_argument("--grammar", metavar="FILE", help=f"{what} follows this grammar file (GBNF or Lark)")
 
 
 def load_llm(args: argparse.Namespace) -> Any:

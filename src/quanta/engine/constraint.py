@@ -24,6 +24,7 @@ import llguidance
 import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
+from quanta.backends.base import allowed_tokens
 from quanta.tokenizer import Tokenizer
 from quanta.tokenizer.vocab import TokenAttr
 
@@ -155,6 +156,21 @@ class Grammar:
         raise ValueError(f'response_format type must be "text", "json_object" or "json_schema", got {kind!r}')
 
     @classmethod
+    def from_keywords(cls, given: Mapping[str, Any]) -> Grammar | None:
+        """The grammar of at most one of generate's constraint keywords: ``json_schema``, ``regex``, ``grammar``
+        (GBNF or Lark) or ``response_format``; None for none (or a ``{"type": "text"}`` response format)."""
+        if len(given) > 1:
+            raise ValueError(f"give at most one output constraint, not {', '.join(sorted(given))}")
+        if not given:
+            return None
+        (kind, value), = given.items()
+        makers = {"json_schema": cls.json_schema, "regex": cls.regex, "grammar": cls.gbnf,
+                  "response_format": cls.from_response_format}
+        if kind not in makers:
+            raise ValueError(f"unknown output constraint {kind!r} (one of {', '.join(makers)})")
+        return makers[kind](value)
+
+    @classmethod
     def _checked(cls, source: str, kind: str) -> Grammar:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source)
         if is_error:
@@ -280,20 +296,11 @@ class BatchMasker:
 
 def unpack_mask(bitmask: np.ndarray, n_vocab: int) -> np.ndarray:
     """bool array of the packed masks' tokens: (n_vocab,) for one row, (rows, n_vocab) for several."""
-    return _mask_bits(bitmask, n_vocab).view(bool)
-
-
-def _mask_bits(bitmask: np.ndarray, n_vocab: int) -> np.ndarray:
-    bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=-1, bitorder="little")
-    return bits[..., :n_vocab]
+    return allowed_tokens(bitmask, n_vocab)
 
 
 def apply_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> None:
     """Sets disallowed logits to -inf in place: ``logits`` (vocab,) with one mask row, or (rows, vocab) with
     one row each; columns past the mask's tokens count as disallowed."""
-    vocab = logits.shape[-1]
-    bits = _mask_bits(bitmask, min(vocab, bitmask.shape[-1] * 32))
-    if bits.shape[-1] < vocab:
-        logits[..., bits.shape[-1]:] = -np.inf
-        logits = logits[..., :bits.shape[-1]]
-    np.copyto(logits, -np.inf, where=bits == 0)  # 2x faster than boolean indexing on a 262k vocabulary
+    # copyto: 2x faster than boolean indexing on a 262k vocabulary
+    np.copyto(logits, -np.inf, where=~allowed_tokens(bitmask, logits.shape[-1]))

@@ -51,6 +51,7 @@ class Launched:
     host_tokens: list[list[int]] | None = None
     logprobs: list[list[TokenLogprob]] | None = None
     rows: dict[tuple[int, int], int] = field(default_factory=dict)
+    masked: Any = None  # the logits of constrained greedy rows, until their masks can be made
 
 
 class LLMEngine:
@@ -126,7 +127,8 @@ class LLMEngine:
         previous step's tokens are read (its inputs come from those tokens on the device): the host's work overlaps
         the device's. A request that stops (end-of-generation token, stop string) is then found one step late; the
         extra step's token is dropped. A step in which a gate drafts waits for the tokens (drafts are looked up in
-        them)."""
+        them). A step with constrained rows queues its argmax only after the previous step's tokens have advanced
+        the grammars: their masks are made while its forward runs."""
         started = self.clock()
         outputs = [self._finished(seq) for seq in self._ended]
         self._ended.clear()
@@ -138,6 +140,8 @@ class LLMEngine:
         launched = self._launch(batch, started) if batch.seqs else None
         if self._inflight is not None:
             outputs += self._complete(self._inflight)
+        if launched is not None and launched.masked is not None:
+            self._pick_on_device(launched, launched.masked)
         self._inflight = launched if overlap else None
         if launched is not None and not overlap:
             outputs += self._complete(launched)
@@ -161,17 +165,26 @@ class LLMEngine:
                 self.runner.captures == captures):  # no prefill chunk, no graph recorded
             launched.shape = (len(batch), sum(len(seq.draft) for seq in batch.seqs))
         if sampling and all(on_device(seq) for seq in sampling):
-            best = self.sampler.on_device(logits)
-            if any(seq.draft for seq in sampling):  # a verify step: every row's greedy token, read now
-                launched.host_tokens = self.sampler.verify_greedy(self.backend.to_host(best), sampling)
+            if any(seq.constraint is not None for seq in sampling):
+                launched.masked = logits  # masks follow the tokens of the step before: made once they are read
             else:
-                launched.tokens, launched.read_tokens = best, self.backend.to_host_later(best)
+                self._pick_on_device(launched, logits)
         elif sampling:  # before the reservations: penalties read the context
             launched.host_tokens, launched.logprobs = self.sampler.sample(logits, sampling)
         self.scheduler.postprocess(batch)
         launched.indices = [seq.reserve() for seq in sampling]
         launched.rows = {(seq.id, index): row for row, (seq, index) in enumerate(zip(sampling, launched.indices))}
         return launched
+
+    def _pick_on_device(self, launched: Launched, logits: Any) -> None:
+        """Queue the argmax of ``launched``'s rows (masked where constrained: masks made now, from each grammar's
+        state) and the copy of its tokens."""
+        launched.masked = None
+        best = self.sampler.on_device(logits, launched.sampling)
+        if any(seq.draft for seq in launched.sampling):  # a verify step: every row's greedy token, read now
+            launched.host_tokens = self.sampler.verify_greedy(self.backend.to_host(best), launched.sampling)
+        else:
+            launched.tokens, launched.read_tokens = best, self.backend.to_host_later(best)
 
     def _complete(self, launched: Launched) -> list[RequestOutput]:
         """Read ``launched``'s tokens and hand them to their sequences (stops, text, finishing)."""

@@ -6,7 +6,8 @@ Order (as HF's logits processors): logit bias; repetition, presence and frequenc
 top-p (the smallest set of most likely tokens whose probability reaches p); min-p (drop tokens below min_p x the top
 probability); then one draw from the renormalised distribution with the sequence's own seeded generator (same seed,
 same tokens, whatever else is in the batch). A batch whose rows are all plain greedy takes its argmax on the device
-(one small host read); any other row is sampled on the host from its logits.
+(one small host read), constrained rows masked there by their packed masks (one small upload); any other row is
+sampled on the host from its logits.
 """
 
 from __future__ import annotations
@@ -214,9 +215,9 @@ def verify(rows: np.ndarray, draft: Seq[int], params: SamplingParams, rng: np.ra
 
 
 def on_device(seq: Sequence) -> bool:
-    """Whether ``seq``'s tokens can be picked on the device: plain greedy, no constraint (and, in a step, no drafts
-    to verify)."""
-    return seq.params.plain_greedy and seq.constraint is None
+    """Whether ``seq``'s tokens can be picked on the device: plain greedy (an output constraint's mask applied
+    there)."""
+    return seq.params.plain_greedy
 
 
 class BatchSampler:
@@ -226,9 +227,15 @@ class BatchSampler:
         self.backend = backend
         self._masker: Any = None  # constraint.BatchMasker, made when a constrained sequence first samples
 
-    def on_device(self, logits: Array) -> Array:
-        """The greedy token of every row, left on the device (-1 for a non-finite row)."""
-        return self.backend.argmax_rows(logits)
+    def on_device(self, logits: Array, seqs: list[Sequence]) -> Array:
+        """The greedy token of every row of ``seqs`` (one each, or 1 + its drafts), left on the device (-1 for a
+        non-finite row, or where a constraint allows nothing); a constrained row is masked by its constraint's
+        state now (a finished sequence's row is not: its token is dropped)."""
+        rows = [None if seq.constraint is None or seq.is_finished else seq.constraint
+                for seq in seqs for _ in range(1 + len(seq.draft))]
+        if not any(rows):
+            return self.backend.argmax_rows(logits)
+        return self.backend.argmax_rows(logits, self._batch_masker(logits.shape[1]).compute(rows))
 
     @staticmethod
     def verify_greedy(best: np.ndarray, seqs: list[Sequence]) -> list[list[int]]:
@@ -281,9 +288,14 @@ class BatchSampler:
         constrained = [s for s in seqs if s.constraint is not None]
         if not constrained:
             return {}
-        from quanta.engine.constraint import BatchMasker, apply_bitmask
+        from quanta.engine.constraint import apply_bitmask
+
+        bits = self._batch_masker(n_vocab).compute([s.constraint for s in constrained])
+        return {s.id: (lambda row, b=bits[i]: apply_bitmask(row, b)) for i, s in enumerate(constrained)}
+
+    def _batch_masker(self, n_vocab: int) -> Any:
+        from quanta.engine.constraint import BatchMasker  # llguidance is loaded when a constraint first samples
 
         if self._masker is None or self._masker.n_vocab != n_vocab:
             self._masker = BatchMasker(n_vocab)
-        bits = self._masker.compute([s.constraint for s in constrained])
-        return {s.id: (lambda row, b=bits[i]: apply_bitmask(row, b)) for i, s in enumerate(constrained)}
+        return self._masker

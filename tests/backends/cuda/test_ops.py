@@ -84,6 +84,48 @@ def test_argmax_rows_take_the_first_maximum_and_flag_broken_rows(device: str) ->
     np.testing.assert_array_equal(am(_t(x[5:], device)).cpu().numpy(), want[5:])  # fewer rows, same scratch
 
 
+def _packed(allowed: np.ndarray) -> np.ndarray:
+    """llguidance's mask layout of a bool (rows, n) array: bit i % 32 of int32 word i // 32."""
+    words = (allowed.shape[1] + 31) // 32
+    padded = np.zeros((allowed.shape[0], words * 32), np.uint8)
+    padded[:, :allowed.shape[1]] = allowed
+    return np.packbits(padded, axis=1, bitorder="little").view(np.int32)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cpu"])
+def test_masked_argmax_is_the_argmax_of_the_allowed_tokens(device: str, backend: str) -> None:
+    """Per row the best allowed token (a NaN or inf outside the mask does not matter; nothing allowed: -1), on
+    both backends, against numpy over the allowed columns; the mask may end before the row does."""
+    rng = np.random.default_rng(5)
+    n = 5000
+    x = rng.standard_normal((5, n)).astype(np.float32)
+    allowed = rng.random((5, n)) < 0.02
+    allowed[0] = True  # an unconstrained row in a constrained batch
+    x[1, ~allowed[1]] = np.nan  # only disallowed tokens broken
+    x[2, np.flatnonzero(~allowed[2])[:3]] = np.inf
+    allowed[3] = False
+    allowed[4, 4990:] = False
+    masks = _packed(allowed)
+    masks_short = masks.copy()
+    want = np.where(allowed, x, -np.inf).argmax(axis=1)
+    want[3] = -1
+    if backend == "cuda":
+        from quanta.backends.cuda.backend import CUDABackend
+        be = CUDABackend(device)
+        got = be.to_host(be.argmax_rows(be.from_host(x), masks))
+    else:
+        from quanta.backends.cpu.backend import CPUBackend
+        be = CPUBackend()
+        got = be.argmax_rows(x, masks)
+    masks[:] = 0  # the backend was done with the masks when it returned
+    np.testing.assert_array_equal(got, want)
+    short = masks_short[:, :(4990 // 32)]  # the mask's words cover the first 4,960 tokens only
+    want_short = np.where(allowed & (np.arange(n) < short.shape[1] * 32), x, -np.inf).argmax(axis=1)
+    want_short[3] = -1
+    got_short = be.to_host(be.argmax_rows(be.from_host(x), short)) if backend == "cuda" else be.argmax_rows(x, short)
+    np.testing.assert_array_equal(got_short, want_short)
+
+
 def test_backend_gathers_rows_and_argmaxes(device: str) -> None:
     from quanta.backends.cuda.backend import CUDABackend
 

@@ -14,7 +14,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from quanta.backends.base import AttentionMetadata, Backend, KVShape
+from quanta.backends.base import AttentionMetadata, Backend, KVShape, allowed_tokens
 from quanta.backends.cpu import attention as _attention
 from quanta.backends.cpu import grouped as _grouped
 from quanta.backends.cpu import ops as _ops
@@ -228,7 +228,9 @@ class CPUBackend(Backend):
     def gather_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return x[rows]
 
-    def argmax_rows(self, logits: np.ndarray) -> np.ndarray:
+    def argmax_rows(self, logits: np.ndarray, masks: np.ndarray | None = None) -> np.ndarray:
+        if masks is not None:
+            logits = np.where(allowed_tokens(masks, logits.shape[1]), logits, np.float32(-np.inf))
         ids = logits.argmax(axis=1).astype(np.int32)
         best = logits[np.arange(len(ids)), ids]
         ids[~np.isfinite(best)] = -1  # NaN propagates into the argmax: the row's best is then NaN

@@ -416,11 +416,20 @@ class CUDABackend(Backend):
         self._copies.produce(None)
         return x.index_select(0, rows)
 
-    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+    def argmax_rows(self, logits: torch.Tensor, masks: np.ndarray | None = None) -> torch.Tensor:
         r, n = logits.shape
         if self._argmax is None or self._argmax.n != n or self._argmax.rows < r:
             self._argmax = ArgmaxRows(max(r, self._argmax.rows if self._argmax else 0), n, self.device)
-        return self._argmax(logits, self.pdl)
+        return self._argmax(logits, self.pdl, None if masks is None else self._upload(masks))
+
+    def _upload(self, a: np.ndarray) -> torch.Tensor:
+        """A copy of ``a`` on the device, queued without waiting for the work before it (through pinned memory,
+        which the caching host allocator keeps until the copy is done); ``a`` may be overwritten at once."""
+        if self.device.type != "cuda":
+            return torch.from_numpy(a.copy())
+        pinned = torch.empty(a.shape, dtype=torch.int32, pin_memory=True)
+        pinned.numpy()[...] = a
+        return pinned.to(self.device, non_blocking=True)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

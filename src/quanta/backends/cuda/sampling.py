@@ -1,7 +1,8 @@
 """Greedy token selection on the device: a two-stage argmax of every row of a batch's logits.
 
 Stage one reduces blocks of each row to (max, index, any NaN) triples; stage two, one program per row, reduces
-those. Ties go to the lowest index, as numpy's argmax. A row holding a NaN, or whose maximum is infinite, gives -1
+those. With token masks (an output constraint's allowed tokens, packed 32 to an int32 word), stage one reads
+each row's disallowed tokens as -inf. Ties go to the lowest index, as numpy's argmax. A row holding a NaN, or whose maximum is infinite, gives -1
 (as the CPU backend: a broken model's logits). Tested against numpy.argmax.
 """
 
@@ -17,14 +18,17 @@ _BLOCK = 2048
 
 
 @triton.jit
-def _block_argmax_kernel(x_ptr, vmax_ptr, imax_ptr, nan_ptr, N, NB, stride, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr):
+def _block_argmax_kernel(x_ptr, mask_ptr, vmax_ptr, imax_ptr, nan_ptr, N, NB, stride, W, BLOCK: tl.constexpr,
+                         MASKED: tl.constexpr, PDL: tl.constexpr):
     pdl.allow_next(PDL)
     pdl.wait_prev(PDL)
     b = tl.program_id(0)
     r = tl.program_id(1)
     offs = b * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + r * stride + offs, mask=offs < N, other=-float("inf"))
+    if MASKED:
+        word = tl.load(mask_ptr + r * W + offs // 32, mask=offs < W * 32, other=0)
+        x = tl.where(((word >> (offs % 32)) & 1) != 0, x, -float("inf"))
     m = tl.max(x, axis=0)
     idx = tl.min(tl.where(x == m, offs, N), axis=0)
     tl.store(vmax_ptr + r * NB + b, m)
@@ -59,12 +63,16 @@ class ArgmaxRows:
         self.imax = torch.empty((rows, self.nb), dtype=torch.int32, device=device)
         self.nan = torch.empty((rows, self.nb), dtype=torch.int32, device=device)
 
-    def __call__(self, x: torch.Tensor, pdl_on: bool = False) -> torch.Tensor:
-        """The index of each row's largest element (-1 for a broken row) as a (len(x),) int32 device tensor."""
+    def __call__(self, x: torch.Tensor, pdl_on: bool = False, masks: torch.Tensor | None = None) -> torch.Tensor:
+        """The index of each row's largest element (-1 for a broken row) as a (len(x),) int32 device tensor;
+        ``masks``: int32 (len(x), words) of packed allowed-token bits, or None."""
         r, n = x.shape
         assert r <= self.rows and n == self.n and x.stride(1) == 1
-        _block_argmax_kernel[(self.nb, r)](x, self.vmax, self.imax, self.nan, n, self.nb, x.stride(0),
-                                           BLOCK=_BLOCK, **pdl.launch(pdl_on))
+        assert masks is None or (masks.shape[0] == r and masks.dtype == torch.int32 and masks.is_contiguous())
+        words = masks.shape[1] if masks is not None else 0
+        _block_argmax_kernel[(self.nb, r)](x, x if masks is None else masks, self.vmax, self.imax, self.nan, n,
+                                           self.nb, x.stride(0), words, BLOCK=_BLOCK, MASKED=masks is not None,
+                                           **pdl.launch(pdl_on))
         out = torch.empty(r, dtype=torch.int32, device=x.device)
         _final_argmax_kernel[(r,)](self.vmax, self.imax, self.nan, out, self.nb,
                                    BLOCK=triton.next_power_of_2(self.nb), **pdl.launch(pdl_on))
