@@ -5,7 +5,8 @@
 
 Modes (each run does the load, then optionally the others):
 - load: ``--requests`` requests at ``--concurrency``, chat and completions, streamed and not, short and long
-  prompts, max_tokens drawn from ``--max-tokens LO,HI``. Every response is checked: non-streamed bodies have
+  prompts, max_tokens drawn from ``--max-tokens LO,HI``; ``--processes N`` spreads the clients over N processes
+  that start together (one Python client cannot read tens of thousands of stream events a second). Every response is checked: non-streamed bodies have
   OpenAI's shape and consistent usage; every stream is well-formed (one id, the role chunk first for chat, content
   deltas, one finish chunk per choice, the usage chunk with ``choices: []``, ``[DONE]`` last). Reported: lost
   requests (no response), 5xx, malformed, p50/p95 TTFT (streams: request sent → first content), aggregate
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import signal
 import subprocess
@@ -228,6 +230,26 @@ async def load(url: str, n: int, concurrency: int, lo: int, hi: int, seed: int, 
     return report
 
 
+def load_in_processes(processes: int, url: str, n: int, concurrency: int, lo: int, hi: int, seed: int, model: str,
+                      fixed: tuple[int, int, int] | None = None) -> Report:
+    """:func:`load` split over ``processes`` client processes, all starting at the same moment; one report."""
+    if processes == 1:
+        return asyncio.run(load(url, n, concurrency, lo, hi, seed, model, fixed=fixed))
+    start = time.perf_counter() + 1.0  # CLOCK_MONOTONIC: the same clock in every process
+    shares = [(n * (i + 1) // processes - n * i // processes,
+               concurrency * (i + 1) // processes - concurrency * i // processes) for i in range(processes)]
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        reports = pool.starmap(_load_share, [(start, url, k, c, lo, hi, seed + i, model, fixed)
+                                             for i, (k, c) in enumerate(shares)])
+    return Report([o for r in reports for o in r.outcomes], max(r.wall_s for r in reports))
+
+
+def _load_share(start: float, url: str, n: int, concurrency: int, lo: int, hi: int, seed: int, model: str,
+                fixed: tuple[int, int, int] | None) -> Report:
+    time.sleep(max(0.0, start - time.perf_counter()))
+    return asyncio.run(load(url, n, concurrency, lo, hi, seed, model, fixed=fixed))
+
+
 async def disconnects(url: str, n: int, concurrency: int, seed: int, model: str) -> dict[str, int]:
     rng = random.Random(seed)
     kinds: dict[str, int] = {}
@@ -279,13 +301,16 @@ def wait_idle(url: str, timeout: float = 120.0) -> dict[str, float]:
 
 
 def rss_kib(pid: int | None) -> dict[str, int]:
+    """VmRSS and VmHWM of the server: its process and its children (the engine's process) summed."""
     if pid is None:
         return {}
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0])
+    fields = {"VmRSS": 0, "VmHWM": 0}
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    for p in [pid, *map(int, children)]:
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in fields:
+                fields[key] += int(value.split()[0])
     return fields
 
 
@@ -313,6 +338,7 @@ def main() -> int:
     p.add_argument("--spawn", action="store_true", help="start `quanta serve` (arguments after --)")
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--processes", type=int, default=1, help="client processes the load is spread over")
     p.add_argument("--max-tokens", default="4,32", help="LO,HI: each request's max_tokens is drawn from it")
     p.add_argument("--fixed", metavar="P,N,VOCAB", default=None,
                    help="instead of the mix: streamed completions of P random token ids (below VOCAB), N new tokens "
@@ -338,7 +364,8 @@ def main() -> int:
     try:
         if args.requests:
             fixed = tuple(int(x) for x in args.fixed.split(",")) if args.fixed else None
-            report = asyncio.run(load(url, args.requests, args.concurrency, lo, hi, args.seed, model, fixed=fixed))
+            report = load_in_processes(args.processes, url, args.requests, args.concurrency, lo, hi, args.seed, model,
+                                       fixed)
             figures["load"] = report.summary()
             figures["load"]["metrics_after"] = _idle_figures(wait_idle(url))
             figures["rss_after_load_kib"] = rss_kib(pid)

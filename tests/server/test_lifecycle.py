@@ -1,15 +1,18 @@
 """The server's life: /health answers 503 while the model loads, then 200 once the URL is printed; SIGTERM stops
 accepting, lets a short in-flight stream finish, ends a long one cleanly (an error event, then [DONE]) after the
-grace period, and exits 0. A model that cannot load ends the process with a one-line error."""
+grace period, and exits 0. A model that cannot load ends the process with a one-line error. The engine's own
+process: if it dies, live streams end with an error and the server answers 503; it does not outlive the server."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -82,3 +85,38 @@ def test_a_model_that_cannot_load_is_a_one_line_error(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("quanta: error:") and "Traceback" not in r.stderr
+
+
+def _engine_process(server_pid: int) -> int:
+    """The engine's process among the server's children (the other is multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    engines = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(engines) == 1, children
+    return engines[0]
+
+
+def test_a_dead_engine_process_ends_live_streams_and_the_server_answers_503(smollm2_path, server_log_dir):
+    with start_server(smollm2_path, server_log_dir, "--n-ctx", "512") as server:
+        body = {"model": "m", "prompt": "Once upon a time", "stream": True, "max_tokens": 400, "ignore_eos": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as response:
+            events = sse_events(response)
+            next(events)
+            os.kill(_engine_process(server.process.pid), signal.SIGKILL)
+            rest = list(events)
+        assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["code"] == "engine_stopped"
+        r = httpx.post(f"{server.url}/v1/completions", json={"model": "m", "prompt": "Hi", "max_tokens": 2},
+                       timeout=30)
+        assert assert_error_object(r, 503)["code"] == "engine_stopped"
+        assert httpx.get(f"{server.url}/health", timeout=30).status_code == 503
+        assert server.stop() == 0
+
+
+def test_the_engine_process_exits_with_a_killed_server(smollm2_path, server_log_dir):
+    with start_server(smollm2_path, server_log_dir, "--n-ctx", "256") as server:
+        engine = _engine_process(server.process.pid)
+        server.process.kill()
+        server.process.wait(30)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{engine}").exists() and b"spawn_main" in Path(f"/proc/{engine}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the engine process outlived its server"
+            time.sleep(0.1)

@@ -37,7 +37,6 @@ def model_name(model: str | None, path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quanta import prepare_cpu_runtime
     from quanta.hub import resolve_model
     from quanta.server.config import ServerConfig
     from quanta.server.http import serve
@@ -47,12 +46,7 @@ def run(args: argparse.Namespace) -> int:
                           shutdown_grace_s=args.shutdown_grace)
     engine = engine_kwargs(args)
     path = resolve_model(args.model, home=args.home, progress=True)
-    prepare_cpu_runtime()
 
-    def load():  # noqa: ANN202 - runs in the server's loader thread
-        from quanta.api import LLM
-
-        return LLM(path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
-                   cpu_isa=args.cpu_isa, cuda=args.cuda, home=args.home, **engine)
-
+    load = dict(model=path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
+                cpu_isa=args.cpu_isa, cuda=args.cuda, home=args.home, **engine)  # LLM's, in the engine process
     return serve(config, load, model_name(args.model, path))

@@ -79,17 +79,17 @@ async def metrics(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     state: ServerState = request.app.state.quanta
-    llm = state.ready()
+    model = state.ready()
     return JSONResponse({"object": "list", "data": [
         {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "quanta",
-         "max_model_len": llm.n_ctx}]})
+         "max_model_len": model.n_ctx}]})
 
 
 async def tokenize(request: Request) -> Response:
     state: ServerState = request.app.state.quanta
-    llm = state.ready()
+    model = state.ready()
     body = parse_body(TokenizeBody, await read_json(request, state.config.max_body_bytes))
-    tok = llm.tokenizer
+    tok = model.tokenizer
     try:
         ids = await run_in_threadpool(tok.encode, body.content, body.add_special, True)
     except QuantaError as e:
@@ -109,10 +109,10 @@ def _piece(data: bytes) -> str | list[int]:
 
 async def detokenize(request: Request) -> Response:
     state: ServerState = request.app.state.quanta
-    llm = state.ready()
+    model = state.ready()
     body = parse_body(DetokenizeBody, await read_json(request, state.config.max_body_bytes))
-    ids = check_token_ids(body.tokens, llm.tokenizer.vocab_size, "tokens")
-    return JSONResponse({"content": llm.tokenizer.decode(ids)})
+    ids = check_token_ids(body.tokens, model.tokenizer.vocab_size, "tokens")
+    return JSONResponse({"content": model.tokenizer.decode(ids)})
 
 
 # ---- errors ----------------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from quanta.engine import TokenLogprob
-from quanta.errors import is_user_error
 from quanta.server.engine_loop import Accepted, ChoiceOutput, EngineLoop, Failed, Job, Rejected
 from quanta.server.errors import APIError, internal, invalid, unavailable
 from quanta.server.protocol import ChatBody, CompletionBody, Plan, chat_plan, completion_plan, parse_body, parse_json
@@ -62,21 +61,21 @@ async def completions(request: Request) -> Any:
 
 async def _generate(request: Request, chat: bool) -> Any:
     state: ServerState = request.app.state.quanta
-    llm = state.ready()
+    model = state.ready()
     body = parse_body(ChatBody if chat else CompletionBody, await read_json(request, state.config.max_body_bytes))
-    plan: Plan = await run_in_threadpool(chat_plan if chat else completion_plan, body, llm.tokenizer, llm.n_ctx,
-                                         llm.model.n_vocab)
+    plan: Plan = await run_in_threadpool(chat_plan if chat else completion_plan, body, model.tokenizer, model.n_ctx,
+                                         model.n_vocab)
     engine_loop = state.admit(len(plan.choices))
     job = Job(plan.choices, asyncio.get_running_loop())
     try:
         engine_loop.submit(job)
         first = await job.events.get()
         if isinstance(first, Rejected):
-            raise (invalid(str(first.error)) if is_user_error(first.error) else internal())
+            raise (invalid(first.message) if first.user else internal())
         if isinstance(first, Failed):
             raise unavailable(first.message, first.code, LOADING_RETRY_S)
         assert isinstance(first, Accepted)
-        writer = Writer(chat, state.model_name, llm.tokenizer, plan.include_usage)
+        writer = Writer(chat, state.model_name, model.tokenizer, plan.include_usage)
         if plan.stream:
             return EventStream(job, plan, writer, engine_loop)
         return await _collect(request.receive, job, plan, writer, engine_loop)

@@ -1,5 +1,5 @@
 """Runs the app under uvicorn: listen first (``/health`` answers 503 while the model loads), load the model in
-the background, print the URL once it is ready; on SIGINT/SIGTERM stop accepting, let in-flight requests finish
+the background (in the engine's own process, quanta.server.engine_core), print the URL once it is ready; on SIGINT/SIGTERM stop accepting, let in-flight requests finish
 for ``shutdown_grace_s`` (then end their streams with an error event and ``[DONE]``), stop the engine, exit 0.
 """
 
@@ -19,13 +19,14 @@ import uvicorn
 from quanta.errors import QuantaError
 from quanta.server.app import build_app
 from quanta.server.config import ServerConfig
+from quanta.server.engine_loop import start_engine
 from quanta.server.state import ServerState
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def serve(config: ServerConfig, load: Callable[[], Any], model_name: str, out: TextIO = sys.stdout) -> int:
-    """Serve until a signal; raises what ``load`` raised when the model could not be loaded."""
+def serve(config: ServerConfig, load: dict[str, Any], model_name: str, out: TextIO = sys.stdout) -> int:
+    """Serve ``LLM(**load)`` until a signal; raises what loading it raised when the model could not be loaded."""
     state = ServerState(config, model_name)
     sock = listen(config.host, config.port)
     uv = uvicorn.Config(build_app(state), host=config.host, port=config.port, log_level="warning",
@@ -50,7 +51,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 class QuantaServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState, load: Callable[[], Any], out: TextIO):
+    def __init__(self, config: uvicorn.Config, state: ServerState, load: dict[str, Any], out: TextIO):
         super().__init__(config)
         self.state, self.load, self.out = state, load, out
         self.load_error: BaseException | None = None
@@ -63,16 +64,18 @@ class QuantaServer(uvicorn.Server):
             self._loader = asyncio.create_task(self._load_model())
 
     async def _load_model(self) -> None:
+        state = self.state
         try:
-            llm = await _in_daemon_thread(self.load)
+            model = await _in_daemon_thread(lambda: start_engine(self.load, state.metrics, state.config.max_queue))
         except BaseException as e:  # noqa: BLE001 - reported by serve() once the server has stopped
             self.load_error = e
             self.should_exit = True
             return
         if self.should_exit:
+            await asyncio.to_thread(model.engine_loop.stop)
             return
-        self.state.attach(llm)
-        print(f"quanta serve: {self.state.model_name} on {llm.backend.name} ready at {self.url}", file=self.out,
+        state.attach(model)
+        print(f"quanta serve: {state.model_name} on {model.info.device} ready at {self.url}", file=self.out,
               flush=True)
 
     @property

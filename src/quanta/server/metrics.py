@@ -1,10 +1,13 @@
 """The server's Prometheus metrics, in a registry of its own (two servers in one process never mix figures).
 
 Request counts are kept by the HTTP layer; tokens, queue depth, running sequences, KV-block usage, TTFT and the
-latency between tokens by the engine loop after each step (prometheus-client's metrics are thread-safe).
+latency between tokens come with each step's report from the engine process (``record``; prometheus-client's
+metrics are thread-safe).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -19,6 +22,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        self._kv_blocks = 0
         self.requests = Counter("quanta_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("quanta_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.cached_tokens = Counter("quanta_cached_prompt_tokens", "prompt tokens served from the prefix cache",
@@ -39,6 +43,33 @@ class Metrics:
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.step_sequences = Histogram("quanta_step_sequences", "sequences that gained a token in one engine step",
                                         buckets=BATCH_BUCKETS, registry=r)
+
+    def set_pool(self, blocks: int) -> None:
+        """The KV pool's size, once the engine has made it."""
+        self._kv_blocks = blocks
+        self.kv_total.set(blocks)
+
+    def record(self, report: Any, preemptions_before: int) -> None:
+        """One engine step's figures (quanta.server.engine_core.StepReport)."""
+        for gap in report.token_gaps:
+            self.token_latency.observe(gap)
+        if report.gained:
+            self.generated_tokens.inc(report.tokens)
+            self.step_sequences.observe(report.gained)
+        for reason, stats in report.finished:
+            self.finished.labels(reason).inc()
+            if stats is not None:
+                self.prompt_tokens.inc(stats.prompt_tokens)
+                self.cached_tokens.inc(stats.cached_tokens)
+                if stats.completion_tokens:
+                    self.ttft.observe(stats.ttft_s)
+        waiting, running, kv_used, preemptions = report.gauges
+        self.queue_depth.set(waiting)
+        self.running.set(running)
+        self.kv_used.set(kv_used)
+        self.kv_usage.set(kv_used / self._kv_blocks if self._kv_blocks else 0.0)
+        if preemptions > preemptions_before:
+            self.preemptions.inc(preemptions - preemptions_before)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,13 +1,12 @@
 """What the routes share: the settings, the metrics, and — once the model is loaded — the model and its engine
-loop; ``admit`` decides whether a request may enter (503 while loading or shutting down, 429 when full)."""
+loop; ``admit`` decides whether a request may enter (503 while loading, shutting down or after the engine process
+died; 429 when full)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
-
 from quanta.server.config import ServerConfig
-from quanta.server.engine_loop import EngineLoop
+from quanta.server.engine_loop import ENGINE_GONE, EngineLoop, ServedModel
 from quanta.server.errors import queue_full, unavailable
 from quanta.server.metrics import Metrics
 
@@ -20,24 +19,24 @@ class ServerState:
         self.config, self.model_name = config, model_name
         self.metrics = Metrics()
         self.created = int(time.time())
-        self.llm: Any = None
+        self.model: ServedModel | None = None
         self.engine_loop: EngineLoop | None = None
         self.draining = False
 
-    def attach(self, llm: Any) -> None:
-        """The model is loaded: start its engine loop and take requests."""
-        engine = llm.engine
-        loop = EngineLoop(engine, self.metrics, engine.config.max_seqs + self.config.max_queue)
-        loop.start()
-        self.llm, self.engine_loop = llm, loop
+    def attach(self, model: ServedModel) -> None:
+        """The model is loaded (its engine process runs): take requests."""
+        self.model, self.engine_loop = model, model.engine_loop
 
-    def ready(self) -> Any:
-        """The loaded model; 503 (with Retry-After) while it loads or once the server is shutting down."""
+    def ready(self) -> ServedModel:
+        """The loaded model; 503 (with Retry-After) while it loads, once the server is shutting down, or when the
+        engine process has died."""
         if self.draining:
             raise unavailable("the server is shutting down", "shutting_down", LOADING_RETRY_S)
-        if self.llm is None:
+        if self.model is None:
             raise unavailable("the model is still loading", "loading", LOADING_RETRY_S)
-        return self.llm
+        if not self.model.engine_loop.alive:
+            raise unavailable(ENGINE_GONE, "engine_stopped", LOADING_RETRY_S)
+        return self.model
 
     def admit(self, n_sequences: int) -> EngineLoop:
         """Count a request's sequences in; 429 when the running batch and the queue are full."""
