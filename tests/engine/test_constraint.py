@@ -319,6 +319,8 @@ def test_batch_masker_equals_one_mask_at_a_time(tokenizer) -> None:
     logits = np.zeros((64, llt.vocab_size), np.float32)
     apply_bitmask(logits, masks)
     assert np.array_equal(np.isfinite(logits), unpack_mask(masks, llt.vocab_size))
+    one = masker.compute([None, constraints[7], None])  # one constrained row: computed on the calling thread
+    assert np.array_equal(one[1], constraints[7].bitmask()) and (one[[0, 2]] == -1).all()
 
 
 # ---- measurement (run as a script) -----------------------------------------------------------------------------

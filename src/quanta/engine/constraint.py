@@ -289,7 +289,10 @@ class BatchMasker:
                 raise ValueError(f"constraint {row} masks {constraint.n_vocab} tokens, the batch {self.n_vocab}")
             else:
                 jobs.append((constraint.matcher, row))
-        if jobs:
+        if len(jobs) == 1:  # on this thread: no hand-off to the executor's threads and back
+            matcher, row = jobs[0]
+            matcher.unsafe_compute_mask_ptr(out[row].ctypes.data, out.shape[1] * 4)
+        elif jobs:
             self._executor.unsafe_compute_mask_ptr(jobs, out.ctypes.data, out.shape[1] * 4, n)
         return out
 
