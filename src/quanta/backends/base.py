@@ -74,7 +74,10 @@ class AttentionMetadata:
     dummy sequence. The host ints size kernel launches: ``max_query_len`` (1 for a decode-only batch).
     ``prefill`` (host (s,) bool, or None: no prefill) marks the sequences whose chunk computes more than one token
     of their own (a prompt chunk, a recomputation), as opposed to a decode row and its drafts: a backend may pick
-    kernels by it, so that a row's result does not depend on what else is in its batch."""
+    kernels by it, so that a row's result does not depend on what else is in its batch. ``fresh`` (decode
+    batches): how many of each token's last positions, its own included, this forward stores: 1, or for a verify
+    step run as decode rows (one per token, engine/model_runner.py's ``decode_rows``) 1 + the most drafts, since a
+    draft's row reads the keys the rows before it store in the same forward."""
 
     positions: Array  # (n,)
     slots: Array  # (n,)
@@ -86,6 +89,7 @@ class AttentionMetadata:
     max_query_len: int
     block_size: int
     prefill: np.ndarray | None = None
+    fresh: int = 1
 
 
 class Backend(ABC):

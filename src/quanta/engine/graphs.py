@@ -9,8 +9,11 @@ above 256 (padding under 16 tokens or 12.5%), S a power of two. Graphs are recor
 
 The step that records a decode graph runs eagerly; the graph replays from the next step on. On the H200 the first
 replay of a graph recorded in a verify step returned a wrong row (greedy speculation then kept a draft that the
-model's own logits rejected by 5.0; GPU run 234), while the eager step and later replays were right (cause not
-found; under the interpreter, where the recorded forward is simply called, the first use is right).
+model's own logits rejected by 5.0; GPU run 234), while the eager step and later replays were right. The likely
+cause (found in session 47, not yet confirmed on a GPU): the decode attention loads its first K/V tile before its
+PDL wait, taking every key but the token's own as finished by earlier forwards; a verify step's draft rows read
+keys the rows before them store in the same forward. Decode graphs of a speculative engine are now recorded with
+``fresh`` = 1 + the most drafts (AttentionMetadata.fresh: those rows are read again after the wait).
 
 A graph's inputs, the token ids, the placement (AttentionMetadata) and the rows that need logits, live in one
 device array that each step rewrites in place with one host→device copy (``write``); tokens the step before
@@ -65,7 +68,7 @@ class _Graph:
     SEQ_FIELDS = ("seq_lens", "rows")
 
     def __init__(self, model: Model, backend: Backend, cache: Any, tokens: int, seqs: int, width: int,
-                 block_size: int, pad_block: int, prefill: bool, share_rows: int | None = None):
+                 block_size: int, pad_block: int, prefill: bool, share_rows: int | None = None, fresh: int = 1):
         self.backend, self.tokens, self.seqs, self.width, self.prefill = backend, tokens, seqs, width, prefill
         self.pad_slot, self.pad_block = pad_block * block_size, pad_block
         t, s, o, at = tokens, seqs, 0, {}
@@ -84,7 +87,8 @@ class _Graph:
                                  token_seq=io[at["token_seq"]], seq_lens=io[at["seq_lens"]],
                                  query_starts=io[at["query_starts"]],
                                  block_tables=io[at["block_tables"]].reshape(s, width), n_seqs=s,
-                                 max_query_len=t if prefill else 1, block_size=block_size)
+                                 max_query_len=t if prefill else 1, block_size=block_size,
+                                 fresh=1 if prefill else fresh)
         ids, rows = io[at["ids"]], io[at["rows"]] if prefill else None
         self.ids, self.source = ids, io[at["source"]]
         kwargs = {} if share_rows is None else {"share_rows": share_rows}
@@ -138,8 +142,9 @@ class ForwardGraphs:
     hook."""
 
     def __init__(self, model: Model, backend: Backend, cache: Any, *, max_seqs: int, max_tokens: int, n_ctx: int,
-                 block_size: int, n_blocks: int):
+                 block_size: int, n_blocks: int, fresh: int = 1):
         self.model, self.backend, self.cache = model, backend, cache
+        self.fresh = fresh  # decode graphs: AttentionMetadata.fresh (1 + the most drafts with speculation)
         self.sizes = buckets(max_seqs)
         self.max_tokens = token_bucket(max_tokens)
         self.width = -(-n_ctx // block_size)  # block-table columns: the longest sequence's blocks
@@ -185,7 +190,7 @@ class ForwardGraphs:
             self.captures += 1
             try:
                 g = _Graph(self.model, self.backend, self.cache, tokens, seqs, self.width, self.block_size,
-                           self.pad_block, prefill, self.max_tokens if prefill else None)
+                           self.pad_block, prefill, self.max_tokens if prefill else None, self.fresh)
             except Exception as e:  # noqa: BLE001 - a capture that fails costs speed, never the request
                 warnings.warn(f"a {'prefill' if prefill else 'decode'} graph of {tokens} rows could not be captured "
                               f"({type(e).__name__}: {e}); that shape runs without a graph", RuntimeWarning,

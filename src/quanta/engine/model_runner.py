@@ -44,7 +44,8 @@ def decode_rows(meta: AttentionMetadata) -> AttentionMetadata:
     """A verify step (each sequence's last token and its drafts, all sampled, no prefill) as a decode step of one
     sequence per token: token i attends through its sequence's blocks to the positions up to its own, as it does as
     a query of its sequence's chunk (the K/V of the drafts before it are written, in each layer, before attention
-    reads the pool). So verify steps replay the captured decode graphs."""
+    reads the pool: the decode graphs that run it are recorded with ``fresh`` rows, AttentionMetadata's). So verify
+    steps replay the captured decode graphs."""
     n = len(meta.positions)
     return AttentionMetadata(meta.positions, meta.slots, np.arange(n, dtype=np.int32),
                              meta.block_tables[meta.token_seq], meta.positions + 1, np.arange(n + 1, dtype=np.int32),
@@ -60,12 +61,13 @@ class ModelRunner:
         if backend.graphs:
             from quanta.engine.graphs import ForwardGraphs
 
-            rows = config.max_seqs  # decode graphs' rows: with speculation, a verify step's drafts too
+            rows, fresh = config.max_seqs, 1  # decode graphs' rows: with speculation, a verify step's drafts too
             if config.speculative is not None:
                 rows = min(rows * (1 + config.speculative.max_draft), config.max_batched_tokens)
+                fresh = 1 + config.speculative.max_draft
             self.graphs = ForwardGraphs(model, backend, self.cache, max_seqs=rows,
                                         max_tokens=config.max_batched_tokens, n_ctx=n_ctx,
-                                        block_size=self.block_size, n_blocks=self.n_blocks)
+                                        block_size=self.block_size, n_blocks=self.n_blocks, fresh=fresh)
 
     @property
     def captures(self) -> int:

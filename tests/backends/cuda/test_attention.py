@@ -4,6 +4,8 @@ with GQA, sliding windows and soft-capping."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -82,10 +84,10 @@ class Pool:
 
 
 def _decode_batch(pool: Pool, lengths: list[int], q: torch.Tensor, scratch: DecodeScratch | None, window: int,
-                  softcap: float, q8=None) -> tuple[np.ndarray, np.ndarray]:
+                  softcap: float, q8=None, fresh: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """One decode step of every sequence (its last position): the kernel's output and the reference."""
     n, h, hd = q.shape
-    meta = pool.meta([(length - 1, 1) for length in lengths])
+    meta = dataclasses.replace(pool.meta([(length - 1, 1) for length in lengths]), fresh=fresh)
     out = torch.full((n, h * hd), float("nan"), device=q.device)
     attention(q, pool.k, pool.v, meta, scale=hd ** -0.5, window=window, softcap=softcap, out=out, scratch=scratch,
               exact=scratch is None or scratch.dot == "ieee", q8=q8)
@@ -119,6 +121,18 @@ def test_decode_batch_over_scattered_blocks(window: int, softcap: float, poll: b
         assert not scratch.count.cpu().numpy().any()
         if poll:
             assert scratch.m.isnan().all() and scratch.o[:, :, :hd].isnan().all()
+
+
+def test_decode_reading_several_fresh_rows_again(device: str) -> None:
+    """``fresh`` rows (a verify step's rows as decode rows) read again after the wait: the same attention, whether
+    they fall in a chunk's first tile, straddle two tiles or two chunks."""
+    h, hkv, hd, block = 4, 2, 24, 16
+    lengths = [1, 3, 16, 18, 64, 66, 129, 200]
+    rng = np.random.default_rng(11)
+    pool = Pool(lengths, hkv, hd, block, device, rng)
+    scratch = DecodeScratch(8, h, hkv, 256, hd, torch.device(device), chunk=64, poll=False, tile_kb=1)
+    got, want = _decode_batch(pool, lengths, _q(len(lengths), h, hd, rng, device), scratch, 0, 0.0, fresh=5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 MODEL_SHAPES = [  # heads, kv heads, head dim: TinyLlama, Llama-3.2-1B's group of 4 (with 2 of its 8 KV heads),
@@ -254,32 +268,33 @@ def test_decode_batch_in_a_cuda_graph(heads: int, kv_heads: int, hd: int, poll: 
 
 @triton.jit
 def _new_row_kernel(kc_ptr, vc_ptr, bt_ptr, ko_ptr, vo_ptr, pos, start, NSLOTS, HD, BN: tl.constexpr,
-                    BD: tl.constexpr, BLOCK: tl.constexpr):
+                    BD: tl.constexpr, BLOCK: tl.constexpr, FRESH: tl.constexpr):
     p = start + tl.arange(0, BN)
     d = tl.arange(0, BD)
     k = tl.full([BN, BD], -1.0, tl.float16)  # what a tile read before the PDL wait may hold
     v = tl.full([BN, BD], -2.0, tl.float16)
     k, v = _with_new_row(k, v, kc_ptr, vc_ptr, kc_ptr, vc_ptr, bt_ptr, 1, NSLOTS, p, pos, d, d < HD, HD, BLOCK, False,
-                         "fp16")
+                         "fp16", FRESH)
     offs = tl.arange(0, BN)[:, None] * BD + d[None, :]
     tl.store(ko_ptr + offs, k)
     tl.store(vo_ptr + offs, v)
 
 
-@pytest.mark.parametrize("pos", [16, 21, 31])
-def test_the_new_key_row_is_read_again(pos: int, device: str) -> None:
-    """After its PDL wait the decode kernel reads again only the row of position ``pos`` (the key and value the
-    Q/K/V projection just stored, found through the block table): that row from the pool, every other row as read
-    before the wait."""
+@pytest.mark.parametrize("fresh", [1, 4])
+@pytest.mark.parametrize("pos", [16, 18, 21, 31])
+def test_the_new_key_row_is_read_again(pos: int, fresh: int, device: str) -> None:
+    """After its PDL wait the decode kernel reads again only the rows of the ``fresh`` positions up to ``pos`` (the
+    keys and values the Q/K/V projection just stored, found through the block table; more than one for a verify
+    step's draft rows): those rows from the pool, every other row as read before the wait."""
     n_slots, hd, bd, bn, start, block = 64, 48, 64, 16, 16, 8
     table = np.array([7, 2, 5, 0, 1, 3, 4, 6], np.int32)
     rng = np.random.default_rng(pos)
     kc, vc = (torch.from_numpy(rng.standard_normal((2, n_slots, hd)).astype(np.float16)).to(device) for _ in range(2))
     ko, vo = (torch.empty((bn, bd), dtype=torch.float16, device=device) for _ in range(2))
     _new_row_kernel[(1,)](kc, vc, torch.from_numpy(table).to(device), ko, vo, pos, start, n_slots, hd, BN=bn, BD=bd,
-                          BLOCK=block)
-    slot = table[pos // block] * block + pos % block
+                          BLOCK=block, FRESH=fresh)
     for got, cache, old in ((ko, kc, -1.0), (vo, vc, -2.0)):
         want = np.full((bn, bd), old, dtype=np.float16)
-        want[pos - start, :hd] = cache[1, slot].cpu().numpy()  # KV head 1
+        for q in range(max(start, pos - fresh + 1), pos + 1):  # the tile starts at ``start``
+            want[q - start, :hd] = cache[1, table[q // block] * block + q % block].cpu().numpy()  # KV head 1
         np.testing.assert_array_equal(got.cpu().numpy(), want)

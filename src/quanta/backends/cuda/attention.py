@@ -157,7 +157,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, met
     if meta.max_query_len == 1 and scratch is not None:
         return flash_decode.decode(q, k_cache, v_cache, meta.positions, meta.token_seq, tables, meta.block_size,
                                    scale=scale, window=window, softcap=softcap, out=out, scratch=scratch, q8=q8,
-                                   int8=int8, pdl_on=pdl_on)
+                                   int8=int8, pdl_on=pdl_on, fresh=meta.fresh)
     n, h, hd = q.shape
     hkv, n_slots, _ = k_cache.shape
     bd = triton.next_power_of_2(hd)

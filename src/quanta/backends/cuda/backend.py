@@ -244,7 +244,7 @@ class CUDABackend(Backend):
             o += p.size
         views["block_tables"] = packed[o:].view(tables.shape)
         return AttentionMetadata(**views, n_seqs=host.n_seqs, max_query_len=host.max_query_len,
-                                 block_size=host.block_size)
+                                 block_size=host.block_size, fresh=host.fresh)
 
     def free_memory(self) -> int | None:
         return torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None

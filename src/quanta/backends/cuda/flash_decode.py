@@ -75,10 +75,14 @@ def _kv_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, lo, d, d
 
 @triton.jit
 def _with_new_row(k, v, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, d, dmask, HD,
-                  BLOCK: tl.constexpr, KV8: tl.constexpr, DOT: tl.constexpr):
-    """The tiles ``k``, ``v`` with the row of position ``pos`` read again: the kernel before this one may just have
-    written it (read past L1, which may still hold what this program read before its wait)."""
-    new = p == pos
+                  BLOCK: tl.constexpr, KV8: tl.constexpr, DOT: tl.constexpr, FRESH: tl.constexpr = 1):
+    """The tiles ``k``, ``v`` with the rows of the ``FRESH`` positions up to ``pos`` read again: the kernel before
+    this one may just have written them (read past L1, which may still hold what this program read before its
+    wait). FRESH > 1: a verify step's rows as decode rows, each reading the keys its drafts before it stored."""
+    if FRESH == 1:
+        new = p == pos
+    else:
+        new = (p <= pos) & (p > pos - FRESH)
     rmask = new[:, None] & dmask[None, :]
     rows = slot_index(table, p, new, hk, NSLOTS, BLOCK)
     nk, nv = kv_rows(kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows, rmask, d, HD, KV8, True, DOT)
@@ -106,7 +110,7 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_p
                              SOLO: tl.constexpr, BN: tl.constexpr,
                              NS: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, BLOCK: tl.constexpr,
                              SKIP: tl.constexpr, Q8: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
-                             POLL: tl.constexpr, KV8: tl.constexpr):
+                             POLL: tl.constexpr, KV8: tl.constexpr, FRESH: tl.constexpr):
     """Program (hk, c, t): the G query heads of KV head ``hk`` of token t (G = the group rounded up to a power of
     two, and to 16 for tensor-core dots) against chunk c of its visible keys, in BN-key tiles.
 
@@ -128,7 +132,9 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_p
     for the Q/K/V projection: keys before ``pos`` come from earlier forwards, finished (every forward starts after
     the host→device copy of its inputs, which waits for all work queued before it, also when the engine queues a
     step before reading the last one's tokens), so only the row at ``pos`` (the key the projection just stored) is
-    read again after the wait, not its whole tile (GPU run 174: +0.4 to +3.2% at depth 1,024); q too."""
+    read again after the wait, not its whole tile (GPU run 174: +0.4 to +3.2% at depth 1,024); q too. FRESH > 1:
+    the last FRESH rows up to ``pos`` are read again (verify steps replayed as decode rows, whose rows read the
+    keys stored by the rows of their drafts before them in the same forward)."""
     pdl.allow_next(PDL)
     hk = tl.program_id(0)
     c = tl.program_id(1)
@@ -158,9 +164,13 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_p
         p = start + tl.arange(0, BN)
         k, v = _kv_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK, KV8, DOT)
         pdl.wait_prev(PDL)
-        if start + BN > pos:
+        if FRESH == 1:
+            fresh_tile = start + BN > pos
+        else:
+            fresh_tile = start + BN > pos - (FRESH - 1)
+        if fresh_tile:
             k, v = _with_new_row(k, v, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, d, dmask, HD, BLOCK,
-                                 KV8, DOT)
+                                 KV8, DOT, FRESH)
         q = tl.load(q_ptr + (t * H + h)[:, None] * HD + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
         if SOFTCAP:
             q = q * scale
@@ -365,10 +375,11 @@ class DecodeScratch:
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
            token_seq: torch.Tensor, block_tables: torch.Tensor, block_size: int, *, scale: float, window: int,
            softcap: float, out: torch.Tensor, scratch: DecodeScratch, q8: Q8Activation | None,
-           int8: kv_q8.Int8Layer | None = None, pdl_on: bool = False) -> torch.Tensor:
+           int8: kv_q8.Int8Layer | None = None, pdl_on: bool = False, fresh: int = 1) -> torch.Tensor:
     """Attention of n tokens' q (n, H, hd), token i at ``positions[i]`` of sequence ``token_seq[i]`` (its row of
     ``block_tables``), over the pools (hkv, n_slots, hd) → ``out`` (n, H*hd), and its int8 copy into ``q8``.
-    ``int8``: the pools are that int8 layer's codes (q already rotated: kv_q8.write)."""
+    ``int8``: the pools are that int8 layer's codes (q already rotated: kv_q8.write). ``fresh``: how many of each
+    token's last positions the same forward stored (AttentionMetadata.fresh)."""
     n, h, hd = q.shape
     hkv, n_slots, _ = k_cache.shape
     assert n <= scratch.n_tokens and block_tables.stride(1) == 1
@@ -391,7 +402,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positi
         GC=gc,
         MINB=max(1, scratch.chunk // bn), SOLO=scratch.solo // bn, BN=bn, NS=ns, BS=bs, BD=bd, BLOCK=block_size,
         SKIP=scratch.skip, Q8=q8 is not None, DOT=scratch.dot, POLL=scratch.poll,
-        KV8=0 if int8 is None else 1 if scratch.dot == "ieee" else 2,
+        KV8=0 if int8 is None else 1 if scratch.dot == "ieee" else 2, FRESH=fresh,
         num_warps=scratch.warps,
         num_stages=2, **pdl.launch(pdl_on))
     return out
