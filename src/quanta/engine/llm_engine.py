@@ -141,7 +141,7 @@ class LLMEngine:
         if self._inflight is not None:
             outputs += self._complete(self._inflight)
         if launched is not None and launched.masked is not None:
-            self._pick_on_device(launched, launched.masked)
+            self._pick_on_device(launched, launched.masked, constrained=True)
         self._inflight = launched if overlap else None
         if launched is not None and not overlap:
             outputs += self._complete(launched)
@@ -176,11 +176,11 @@ class LLMEngine:
         launched.rows = {(seq.id, index): row for row, (seq, index) in enumerate(zip(sampling, launched.indices))}
         return launched
 
-    def _pick_on_device(self, launched: Launched, logits: Any) -> None:
-        """Queue the argmax of ``launched``'s rows (masked where constrained: masks made now, from each grammar's
-        state) and the copy of its tokens."""
+    def _pick_on_device(self, launched: Launched, logits: Any, constrained: bool = False) -> None:
+        """Queue the argmax of ``launched``'s rows (``constrained``: masked where a sequence has a constraint, the
+        masks made now from each grammar's state) and the copy of its tokens."""
         launched.masked = None
-        best = self.sampler.on_device(logits, launched.sampling)
+        best = self.sampler.on_device(logits, launched.sampling if constrained else None)
         if any(seq.draft for seq in launched.sampling):  # a verify step: every row's greedy token, read now
             launched.host_tokens = self.sampler.verify_greedy(self.backend.to_host(best), launched.sampling)
         else:

@@ -227,10 +227,13 @@ class BatchSampler:
         self.backend = backend
         self._masker: Any = None  # constraint.BatchMasker, made when a constrained sequence first samples
 
-    def on_device(self, logits: Array, seqs: list[Sequence]) -> Array:
-        """The greedy token of every row of ``seqs`` (one each, or 1 + its drafts), left on the device (-1 for a
-        non-finite row, or where a constraint allows nothing); a constrained row is masked by its constraint's
-        state now (a finished sequence's row is not: its token is dropped)."""
+    def on_device(self, logits: Array, seqs: list[Sequence] | None = None) -> Array:
+        """The greedy token of every row, left on the device (-1 for a non-finite row, or where a constraint allows
+        nothing). ``seqs``: the rows' sequences (one row each, or 1 + its drafts) when some have a constraint: a
+        constrained row is masked by its constraint's state now (a finished sequence's row is not: its token is
+        dropped); None for a batch without one (nothing looked at per row)."""
+        if seqs is None:
+            return self.backend.argmax_rows(logits)
         rows = [None if seq.constraint is None or seq.is_finished else seq.constraint
                 for seq in seqs for _ in range(1 + len(seq.draft))]
         if not any(rows):

@@ -48,7 +48,6 @@ class EngineLoop:
         self._live = 0
         self._jobs: dict[int, Job] = {}
         self._ids = itertools.count()
-        self._preemptions = 0
         self._reader = threading.Thread(target=self._read, name="quanta-engine-reader", daemon=True)
         metrics.live.set_function(lambda: self._live)  # read when scraped: right even during a long step
 
@@ -120,8 +119,7 @@ class EngineLoop:
         with self._lock:
             self._live -= report.released
         self._deliver_all(items)
-        self.metrics.record(report, self._preemptions)
-        self._preemptions = report.gauges[3]
+        self.metrics.record(report)
 
     @staticmethod
     def _deliver_all(items: list[tuple[Job, Any]]) -> None:

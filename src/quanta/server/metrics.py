@@ -23,6 +23,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self._kv_blocks = 0
+        self._preemptions = 0  # the engine's count at the last report
         self.requests = Counter("quanta_requests", "HTTP requests answered", ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("quanta_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.cached_tokens = Counter("quanta_cached_prompt_tokens", "prompt tokens served from the prefix cache",
@@ -49,7 +50,7 @@ class Metrics:
         self._kv_blocks = blocks
         self.kv_total.set(blocks)
 
-    def record(self, report: Any, preemptions_before: int) -> None:
+    def record(self, report: Any) -> None:
         """One engine step's figures (quanta.server.engine_core.StepReport)."""
         for gap in report.token_gaps:
             self.token_latency.observe(gap)
@@ -68,8 +69,9 @@ class Metrics:
         self.running.set(running)
         self.kv_used.set(kv_used)
         self.kv_usage.set(kv_used / self._kv_blocks if self._kv_blocks else 0.0)
-        if preemptions > preemptions_before:
-            self.preemptions.inc(preemptions - preemptions_before)
+        if preemptions > self._preemptions:
+            self.preemptions.inc(preemptions - self._preemptions)
+            self._preemptions = preemptions
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
