@@ -10,7 +10,7 @@ from random_blocks import ALL_TYPES, gguf_reference, random_raw
 
 from quanta.backends.cuda import activation, norm
 from quanta.backends.cuda import q8gemv as q8
-from quanta.backends.cuda.qmatmul import INT8_MAX_ROWS, MMQ_MAX_ROWS, qmatmul
+from quanta.backends.cuda.qmatmul import INT8_MAX_ROWS, qmatmul
 from quanta.backends.cuda.repack import repack
 
 QUANTIZED = [t for t in ALL_TYPES if t not in ("F16", "BF16", "F32")]
@@ -195,18 +195,15 @@ def test_rows_do_not_depend_on_their_batch(type_name: str, device: str) -> None:
 
 
 def test_qmatmul_sends_small_batches_to_it(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Up to INT8_MAX_ROWS rows with an int8 copy: the int8 GEMV; up to MMQ_MAX_ROWS the int8 tensor-core matmul;
-    more, or without an int8 copy: the tensor-core GEMM."""
-    from quanta.backends.cuda import gemm, mmq
+    """Up to INT8_MAX_ROWS rows with an int8 copy: the int8 GEMV; more: the tensor-core GEMM."""
+    from quanta.backends.cuda import gemm
 
     raw = random_raw("Q4_0", 16, 256, np.random.default_rng(7))
     w = repack(torch.from_numpy(raw.copy()).to(device), "Q4_0", (16, 256))
     ran = []
     monkeypatch.setattr(q8, "gemv_q8", lambda *a, **kw: ran.append("gemv"))
     monkeypatch.setattr(gemm, "gemm", lambda *a, **kw: ran.append("gemm"))
-    monkeypatch.setattr(mmq, "mmq", lambda *a, **kw: ran.append("mmq"))
-    for m, int8 in ((1, True), (2, True), (INT8_MAX_ROWS, True), (INT8_MAX_ROWS + 1, True), (MMQ_MAX_ROWS, True),
-                    (MMQ_MAX_ROWS + 1, True), (INT8_MAX_ROWS + 1, False)):
+    for m in (1, 2, INT8_MAX_ROWS, INT8_MAX_ROWS + 1):
         x = torch.zeros((m, 256), device=device)
-        qmatmul(x, w, xq=q8.Q8Activation.empty(m, 256, torch.device(device)) if int8 else None)
-    assert ran == ["gemv", "gemv", "gemv", "mmq", "mmq", "gemm", "gemm"]
+        qmatmul(x, w, xq=q8.Q8Activation.empty(m, 256, torch.device(device)) if m <= INT8_MAX_ROWS else None)
+    assert ran == ["gemv", "gemv", "gemv", "gemm"]

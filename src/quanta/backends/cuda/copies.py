@@ -1,7 +1,7 @@
 """Copies of activations in the form the next matmul reads, written by the op that produces the activations.
 
-Decode (up to ``MMQ_MAX_ROWS`` rows: one sequence or a decode batch): int8 with a scale per 32 values for the int8
-GEMV (q8gemv.py) and the int8 tensor-core matmul (mmq.py), one storage per float buffer. More rows (decode batches, prefill; fast
+Decode (up to ``INT8_MAX_ROWS`` rows: one sequence or a small decode batch): int8 with a scale per 32 values for
+the int8 GEMV (q8gemv.py), one storage per float buffer. More rows (decode batches, prefill; fast
 mode): bf16 in the GEMM's word order (gemm.py's ``word_order``), in one scratch shared by every activation, so in one
 order: that of the 4-bit codes when most of the model's matrices hold
 them, of the 8-bit codes when most hold those, else none (the matrices of another kind, and a matmul whose input
@@ -20,7 +20,7 @@ import torch
 
 from quanta.backends.cuda.gemm import WordsCopy
 from quanta.backends.cuda.q8gemv import Q8Activation, quantize
-from quanta.backends.cuda.qmatmul import GEMV_MAX_ROWS, MMQ_MAX_ROWS
+from quanta.backends.cuda.qmatmul import INT8_MAX_ROWS, GEMV_MAX_ROWS
 
 _Key = tuple[int, tuple[int, ...]]
 
@@ -59,8 +59,8 @@ class ActivationCopies:
         return x.dim() == 2 and x.shape[1] % 32 == 0 and x.is_contiguous()
 
     def q8_copy(self, x: torch.Tensor) -> Q8Activation | None:
-        """The int8 storage paired with float activations ``x`` when they can feed an int8 matmul, else None."""
-        if not self.q8 or not self._fits(x) or x.shape[0] > MMQ_MAX_ROWS:
+        """The int8 storage paired with float activations ``x`` when they can feed the int8 GEMV, else None."""
+        if not self.q8 or not self._fits(x) or x.shape[0] > INT8_MAX_ROWS:
             return None
         q = self._q8.get(_key(x))
         if q is None:
@@ -69,8 +69,8 @@ class ActivationCopies:
 
     def _words_scratch(self, x: torch.Tensor) -> WordsCopy | None:
         rows = x.shape[0]
-        if not self.words or not self._fits(x) or rows <= GEMV_MAX_ROWS or (self.q8 and rows <= MMQ_MAX_ROWS):
-            return None  # these rows take a GEMV or the int8 matmul
+        if not self.words or not self._fits(x) or rows <= GEMV_MAX_ROWS or (self.q8 and rows <= INT8_MAX_ROWS):
+            return None  # these rows take a GEMV
         kind = self._words_kind()
         if kind is None:
             return None

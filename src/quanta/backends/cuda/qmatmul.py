@@ -1,7 +1,6 @@
-"""``y = x @ W.T (+ bias) (+ residual)`` on a packed quantized weight: a fused-dequant GEMV for few rows (decode); on
-int8 activations the int8 GEMV of q8gemv.py (up to ``INT8_MAX_ROWS`` rows, the weight streamed once per row) and
-the int8 tensor-core matmul of mmq.py (decode batches up to ``MMQ_MAX_ROWS`` rows); more rows (prefill, and exact
-mode's decode batches) go to the tensor-core GEMM of gemm.py.
+"""``y = x @ W.T (+ bias) (+ residual)`` on a packed quantized weight: a fused-dequant GEMV for few rows (decode); the
+int8 GEMV of q8gemv.py (up to ``INT8_MAX_ROWS`` rows, the weight streamed once per row) on int8 activations; more
+rows (decode batches and prefill) go to the tensor-core GEMM of gemm.py.
 
 Layout (see repack.py): a row of W is read as chunks of 32 weights; chunk ``c`` is 4 (4-bit) or 8 (8-bit) 32-bit
 words whose slot ``s`` of word ``w`` holds weight ``32c + NW*s + w`` (NW = words per chunk), or 32 floats (dense);
@@ -41,7 +40,6 @@ GEMV_MAX_ROWS = 3  # up to this many activation rows the float GEMV streams the 
 # row count from 4 to 64, and a whole decode step of 8 sequences 2.09 ms through the GEMV against 1.78 ms for 16
 # through the GEMM (GPU run 206)
 INT8_MAX_ROWS = 6
-MMQ_MAX_ROWS = 64  # up to this many rows with an int8 copy mmq.py's int8 tensor-core matmul; more: gemm.py
 # GEMV tiles (BN rows x BJ 16-byte units per program) per code width (6: 4-bit codes with high bits, see tile_key)
 # and matrix class, chosen on the H200 by scripts/gpu_tune.py (docs/PERF.md, GPU journal, run 8); BJ shrinks to the
 # row's unit count for short rows. (4, "head") and (8, "base") have no benchmark shape: copies of their neighbours;
@@ -354,11 +352,6 @@ def routes_int8(m: int, w: PackedWeight) -> bool:
     return m <= INT8_MAX_ROWS and w.kind != "dense"
 
 
-def routes_mmq(m: int, w: PackedWeight) -> bool:
-    """Whether ``m`` activation rows with an int8 copy take mmq.py's matmul (rows past the int8 GEMV's)."""
-    return INT8_MAX_ROWS < m <= MMQ_MAX_ROWS and w.kind != "dense"
-
-
 def rope_fits(m: int, w: PackedWeight, int8: bool) -> bool:
     """Whether the GEMV that ``m`` rows against a quantized ``w`` take can rotate and store in its epilogue (a row
     tile of even BN: rotated pairs in one program)."""
@@ -378,8 +371,7 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
     ``residual`` may be ``out``). ``outs``: instead, column blocks into these contiguous (m, n_i) arrays (≤ 3).
 
     ``exact``: the GEMM multiplies in IEEE fp32 instead of bf16. ``xq``: x as int8 (a ``Q8Activation``): a
-    quantized weight then takes the int8 GEMV (q8gemv.py) for up to INT8_MAX_ROWS rows, mmq.py's matmul for up
-    to MMQ_MAX_ROWS.
+    quantized weight then takes the int8 GEMV (q8gemv.py) for up to INT8_MAX_ROWS rows.
     ``xw``: x as the GEMM's operand (more rows, fast mode; gemm.py's ``word_order``), written by x's producer.
     ``rope``: rows through a quantized weight whose GEMV has an even row tile (``rope_fits``): rotated and stored
     as ``rope`` says. ``scratch``: for a GEMM (more rows), a bf16 buffer the weight is dequantized into first
@@ -400,10 +392,6 @@ def qmatmul(x: torch.Tensor, w: PackedWeight, out: torch.Tensor | None = None,
         from quanta.backends.cuda.q8gemv import gemv_q8  # q8gemv.py imports this module's tiles
 
         gemv_q8(xq, w, ep, pdl_on)
-    elif xq is not None and routes_mmq(m, w):
-        from quanta.backends.cuda.mmq import mmq  # mmq.py imports this module's epilogue
-
-        mmq(xq, w, ep, pdl_on)
     elif m <= GEMV_MAX_ROWS:
         _gemv(x, w, ep, pdl_on)
     else:
