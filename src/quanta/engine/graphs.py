@@ -7,13 +7,13 @@ them too) replays the graph of (T ≥ n tokens, S ≥ s + 1 sequences) once that
 eagerly: a one-off prompt length pays no capture), T from 16 up in steps of 16, or 1/16 of the next power of two
 above 256 (padding under 16 tokens or 12.5%), S a power of two. Graphs are recorded by ``Backend.capture``.
 
-The step that records a decode graph runs eagerly; the graph replays from the next step on. On the H200 the first
-replay of a graph recorded in a verify step returned a wrong row (greedy speculation then kept a draft that the
-model's own logits rejected by 5.0; GPU run 234), while the eager step and later replays were right. The likely
-cause (found in session 47, not yet confirmed on a GPU): the decode attention loads its first K/V tile before its
-PDL wait, taking every key but the token's own as finished by earlier forwards; a verify step's draft rows read
-keys the rows before them store in the same forward. Decode graphs of a speculative engine are now recorded with
-``fresh`` = 1 + the most drafts (AttentionMetadata.fresh: those rows are read again after the wait).
+A decode graph replays from the step that records it. A speculative engine's decode graphs are recorded with
+``fresh`` = 1 + the most drafts (AttentionMetadata.fresh): the decode attention loads its first K/V tile before its
+PDL wait, taking the keys of earlier forwards as written, and a verify step's draft rows read keys that the rows
+before them store in the same forward, so those rows are read again after the wait. Without it the first replay of
+a graph recorded in a verify step returned a wrong row on the H200 (GPU run 234); running each recording step
+eagerly hid that but put those steps through other kernels (six fresh engines' first requests parted from plain
+greedy at near ties; with the replay, identical: GPU run 253).
 
 A graph's inputs, the token ids, the placement (AttentionMetadata) and the rows that need logits, live in one
 device array that each step rewrites in place with one host→device copy (``write``); tokens the step before
@@ -197,8 +197,6 @@ class ForwardGraphs:
                               stacklevel=2)
                 g = None
             self._graphs[key] = g
-            if not prefill:
-                return None  # the step that records runs eagerly (see the module docstring)
         g = self._graphs[key]
         if g is None or g.replay is None:
             return None
