@@ -71,8 +71,7 @@ def _decode_steps(be, model, cache, tokens, graphs: ForwardGraphs | None,
     for seqs in batches:
         meta = _decode_meta(seqs, done)
         ids = np.asarray([tokens[j][LENGTHS[j] + done.get(j, 0)] for j in seqs], np.int32)
-        logits = graphs.run(ids, meta) if graphs else model.forward(be.from_host(ids), be.metadata(meta), cache,
-                                                                          None)
+        logits = graphs.run(ids, meta) if graphs else model.forward(be.from_host(ids), be.metadata(meta), cache, None)
         assert logits is not None and logits.shape[0] == len(seqs)
         out.append(np.array(be.to_host(logits)))
         for j in seqs:
