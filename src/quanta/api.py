@@ -34,20 +34,25 @@ class LLM:
     mode) instead of the fast 8-bit activation path; ``cpu_isa``: force the CPU's int8 kernels ("avx2",
     "avx_vnni", "avx512_vnni"; default: the fastest the CPU has); ``cuda``: the GPU backend's switches
     (``{"q8": False}``: float activations in the decode matmuls; ``{"pdl": False}``: no programmatic dependent
-    launch); ``home``: the model cache (default ~/.cache/quanta). The engine's settings (``max_seqs``,
-    ``max_batched_tokens``, ``block_size``, ``kv_blocks``, ``kv_memory``, ``kv_memory_fraction``, ``prefix_caching``)
+    launch; ``{"compile_ahead": False}``: each kernel compiles at its first launch, not all of a new shape's
+    side by side first); ``tensor_parallel``: split the model over this many GPUs of the host (one process each, from
+    ``device``'s GPU on: quanta.parallel); ``home``: the model cache (default ~/.cache/quanta). The engine's
+    settings (``max_seqs``, ``max_batched_tokens``, ``block_size``, ``kv_blocks``, ``kv_memory``,
+    ``kv_memory_fraction``, ``prefix_caching``)
     are :class:`quanta.engine.EngineConfig`'s; ``speculative="ngram"`` turns on lossless n-gram speculative decoding
     (quanta.engine.speculation).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, device: str = "auto", n_ctx: int | None = None,
                  threads: int | None = None, exact: bool = False, cpu_isa: str | None = None,
-                 cuda: dict[str, Any] | None = None, home: str | os.PathLike | None = None, progress: bool = False,
-                 **engine: Any):
+                 cuda: dict[str, Any] | None = None, tensor_parallel: int = 1, home: str | os.PathLike | None = None,
+                 progress: bool = False, **engine: Any):
         if model is not None and not isinstance(model, (str, os.PathLike)):
             raise ValueError(f"model must be a path or a model name, got {type(model).__name__}")
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2):
             raise ValueError(f"n_ctx must be an integer >= 2, got {n_ctx!r}")
+        if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be a positive integer (GPUs), got {tensor_parallel!r}")
         spec = engine.pop("speculative", None)
         if spec is not None:
             if spec not in SPECULATIVE_METHODS:
@@ -59,12 +64,13 @@ class LLM:
             unknown = ", ".join(sorted(set(engine) - set(EngineConfig.__dataclass_fields__)))
             raise ValueError(f"unknown LLM option(s): {unknown}") from None
         self._closed = False
+        self._group: Any = None  # the tensor-parallel group this process leads
         with _collector_paused():
             self._load(model, device, n_ctx, dict(threads=threads, exact=exact, cpu_isa=cpu_isa, cuda=cuda), home,
-                       progress, config)
+                       progress, config, tensor_parallel)
 
     def _load(self, model: str | os.PathLike | None, device: str, n_ctx: int | None, backend: dict[str, Any],
-              home: str | os.PathLike | None, progress: bool, config: EngineConfig) -> None:
+              home: str | os.PathLike | None, progress: bool, config: EngineConfig, tensor_parallel: int) -> None:
         from quanta import gguf, prepare_cpu_runtime
         from quanta.backends import get_backend, resolve_device
         from quanta.engine import LLMEngine, RequestStreams
@@ -77,12 +83,30 @@ class LLM:
         model_class(str(self.gguf.architecture or "<missing>"))  # unsupported: fail before anything heavy
         if isinstance(device, str) and resolve_device(device) == "cpu":
             prepare_cpu_runtime()  # before the CPU libraries load
-        self.backend = get_backend(device, **backend)
-        self.model = load_model(self.gguf, self.backend, n_ctx)  # checks the file before the tokenizer reads it
+        if tensor_parallel > 1:
+            self._lead_group(device, n_ctx, backend, tensor_parallel)
+            config = self._group.engine_config(config)
+        else:
+            self.backend = get_backend(device, **backend)
+            self.model = load_model(self.gguf, self.backend, n_ctx)  # checks the file before the tokenizer reads it
         self.n_ctx = self.model.n_ctx
         self.tokenizer = load_tokenizer(self.gguf, home=home)
         self.engine = LLMEngine(self.model, self.backend, self.tokenizer, config, self.n_ctx)
         self._streams = RequestStreams(self.engine)
+
+    def _lead_group(self, device: str, n_ctx: int | None, backend: dict[str, Any], world: int) -> None:
+        """Start the tensor-parallel group of ``world`` GPUs; this process is its rank 0."""
+        from quanta.backends import resolve_device
+        from quanta.models import model_config
+        from quanta.parallel.launch import GroupSpec, LeadRank, gpu_devices
+
+        if not isinstance(device, str) or not resolve_device(device).startswith("cuda"):
+            raise QuantaError(f"tensor parallelism runs on CUDA GPUs, not on device {device!r} (--device cuda)")
+        model_config(self.gguf)  # a broken file fails here, before any process starts
+        switches = {"exact": backend["exact"], **(backend["cuda"] or {})}
+        self._group = LeadRank(GroupSpec(str(self.path), gpu_devices(resolve_device(device), world), n_ctx,
+                                         switches))
+        self.backend, self.model = self._group.backend, self._group.model
 
     @property
     def config(self) -> Any:
@@ -217,6 +241,9 @@ class LLM:
 
     def close(self) -> None:
         self._closed = True
+        if self._group is not None:
+            self._group.close()
+            self._group = None
         self.gguf.close()
 
     def __enter__(self) -> LLM:

@@ -74,7 +74,10 @@ MISTAKES: list[tuple[list[str], dict[str, str]]] = [(argv, {}) for argv in [
     CHAT + ["--top-p", "-0.5"], CHAT + ["--min-p", "-1"], CHAT + ["--min-p", "2"], CHAT + ["--max-tokens", "-1"],
     CHAT + ["--max-tokens", "abc"], CHAT + ["--repeat-penalty", "0"], CHAT + ["--repeat-penalty", "-1"],
     CHAT + ["--repeat-penalty", "1e-30"], CHAT + ["--seed", "-1"], CHAT + ["--seed", "abc"], CHAT + ["--system"],
-    CHAT + ["--nosuch"],
+    CHAT + ["--nosuch"], CHAT + ["--tensor-parallel", "0"], CHAT + ["--tensor-parallel", "abc"],
+    CHAT + ["--tensor-parallel", "2", "--device", "cpu"], ["run", "-m", "MODEL", "--tensor-parallel", "-1", "hi"],
+    ["bench", "-m", "MODEL", "--empty-kernel-cache"],
+    ["bench", "-m", "MODEL", "--empty-kernel-cache", "--no-cold-start"],
 ]] + [
     (["list"], {"QUANTA_HOME": "HOMEFILE"}), (["pull", "smollm2-135m"], {"QUANTA_HOME": "HOMEFILE"}),
     (["chat", "-m", "MODEL"], {"QUANTA_HOME": "HOMEFILE"}), (["pull", "smollm2-135m"], {"QUANTA_HOME": "/sys"}),

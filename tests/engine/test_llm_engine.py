@@ -216,3 +216,19 @@ def test_a_request_that_ends_at_its_first_token_leaves_its_prompt_cached(exact):
     first = exact.generate(prompt, max_tokens=1, temperature=0)
     again = exact.generate(prompt + [13], max_tokens=1, temperature=0)
     assert first.stats.cached_tokens == 0 and again.stats.cached_tokens == len(prompt) // 16 * 16
+
+
+def test_dry_runs_for_new_shapes_stop_after_eight_that_compile_nothing(exact, monkeypatch):
+    """The runner asks the backend to compile a new shape's kernels ahead of its first eager forward; after eight
+    such dry runs in a row found nothing to compile (the CPU backend compiles nothing lazily), it stops asking."""
+    from quanta.engine.model_runner import QUIET_DRY_RUNS
+
+    runner = exact.engine.runner
+    monkeypatch.setattr(runner, "_eager_shapes", set())
+    monkeypatch.setattr(runner, "_quiet_dry_runs", 0)
+    asked: list[int] = []
+    real = runner.backend.compile_ahead
+    monkeypatch.setattr(runner.backend, "compile_ahead", lambda forward: asked.append(1) or real(forward))
+    for n in range(1, QUIET_DRY_RUNS + 5):  # prompts of new lengths: new prefill shapes
+        exact.generate(list(range(10, 10 + n)), max_tokens=1, temperature=0)
+    assert len(asked) == QUIET_DRY_RUNS

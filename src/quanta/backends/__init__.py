@@ -35,7 +35,7 @@ def get_backend(device: str = "auto", *, threads: int | None = None, exact: bool
                 cpu_isa: str | None = None, cuda: dict | None = None) -> Backend:
     """The backend for ``device`` ("auto", "cpu", "cuda" or "cuda:N"; ``resolve_device`` picks for "auto");
     imported lazily (torch only for CUDA). ``cpu_isa`` forces the CPU's int8 kernels (None: the fastest);
-    ``cuda``: the CUDA backend's switches (``q8``, ``pdl``: CUDABackend's arguments)."""
+    ``cuda``: the CUDA backend's switches (``q8``, ``pdl``, ``compile_ahead``: CUDABackend's arguments)."""
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
     if not isinstance(device, str):

@@ -177,6 +177,12 @@ class Backend(ABC):
         ``forward`` itself)."""
         return None
 
+    def compile_ahead(self, forward: Callable[[], Any]) -> int:
+        """Prepare what ``forward``'s first run would compile as it goes (a GPU backend's kernels, all at once);
+        how many things it prepared (0 where a backend compiles nothing lazily). ``forward`` may run, but its
+        results are not used."""
+        return 0
+
     def write(self, dst: Array, host: np.ndarray) -> Array:
         """Copy ``host`` into the backend array ``dst`` in place (same size and dtype)."""
         dst[...] = host.reshape(dst.shape)

@@ -48,12 +48,13 @@ class QuantaEngine:
     name = "quanta"
 
     def __init__(self, model: str, *, device: str, threads: int, n_ctx: int, exact: bool = False,
-                 cpu_isa: str | None = None, cuda: dict | None = None, kv_type: str = "auto"):
+                 cpu_isa: str | None = None, cuda: dict | None = None, kv_type: str = "auto",
+                 tensor_parallel: int = 1):
         from quanta import LLM
 
         self.kv_type = kv_type
         self.llm = LLM(model, device=device, threads=threads, n_ctx=n_ctx, exact=exact, cpu_isa=cpu_isa, cuda=cuda,
-                       max_seqs=1, kv_dtype=kv_type)
+                       max_seqs=1, kv_dtype=kv_type, tensor_parallel=tensor_parallel)
 
     def kv_bytes_per_value(self) -> float:
         """Bytes the KV pool spends per cached K or V value (scales included)."""

@@ -33,6 +33,9 @@ def format_table(report: dict[str, Any]) -> str:
     if "cold_start_s" in report:
         rows.append(("cold start → first token s", lambda r: f"{r.get('cold_start_s', float('nan')):.2f}"))
         rows.append(("peak RSS MB", lambda r: f"{r.get('peak_rss_bytes', 0) / 1e6:.0f}"))
+    if "cold_start_empty_cache_s" in report:  # quanta's alone: llama.cpp compiles nothing at start
+        rows.append(("… with an empty kernel cache s", lambda r: f"{r['cold_start_empty_cache_s']:.2f}"
+                     if "cold_start_empty_cache_s" in r else "—"))
     where = f"{report['device']} ({report['device_name']})" if "device_name" in report else report["device"]
     if report["device"] == "cpu" or "baseline" in report:  # the GPU runs no CPU threads; llama.cpp does
         where += f" · {report['threads']} threads"

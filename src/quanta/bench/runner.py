@@ -41,6 +41,8 @@ class BenchConfig:
     cpu_isa: str | None = None  # the CPU backend's int8 instruction set (None: the fastest the CPU has)
     cuda: dict | None = None  # the CUDA backend's switches (q8, pdl), from the CLI's environment
     kv_type: str = "auto"  # how the KV pool stores K and V (EngineConfig.kv_dtype)
+    tensor_parallel: int = 1  # GPUs the model is split over (quanta.parallel)
+    empty_kernel_cache: bool = False  # also quanta's cold start with an empty Triton cache (a new machine's first run)
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -121,12 +123,23 @@ def cold_starts(engines: list[str], cfg: BenchConfig, prompt: list[int]) -> dict
         for _ in range(cfg.repeats):
             for engine in engines:
                 runs[engine].append(cold_start(engine, cfg, prompt, env))
+        empty = [_empty_cache_start(cfg, prompt, env) for _ in range(cfg.repeats if cfg.empty_kernel_cache else 0)]
     out = {}
     for engine, r in runs.items():
         spread = _spread([t for t, _ in r])
         out[engine] = {"cold_start_s": spread["median"], "cold_start_s_spread": spread,
                        "peak_rss_bytes": max(rss for _, rss in r)}
+    if empty:
+        spread = _spread(empty)
+        out["quanta"].update(cold_start_empty_cache_s=spread["median"], cold_start_empty_cache_s_spread=spread)
     return out
+
+
+def _empty_cache_start(cfg: BenchConfig, prompt: list[int], env: dict[str, str]) -> float:
+    """quanta's cold start (bytecode and page cache warm) with a Triton kernel cache of its own, empty: every
+    kernel compiles, as on a machine's first run."""
+    with tempfile.TemporaryDirectory(prefix="quanta-bench-triton-") as kernels:
+        return cold_start("quanta", cfg, prompt, {**env, "TRITON_CACHE_DIR": kernels})[0]
 
 
 def _summarise(runs: list[RunTimes], deep: list[RunTimes], shape: dict[str, int], cfg: BenchConfig,
@@ -175,7 +188,8 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
         require_llama_cpp()  # before quanta loads: a missing peer is the first thing said
     engines: dict[str, Any] = {"quanta": QuantaEngine(str(cfg.model), device=cfg.device, threads=cfg.threads,
                                                       n_ctx=n_ctx, exact=cfg.exact, cpu_isa=cfg.cpu_isa,
-                                                      cuda=cfg.cuda, kv_type=cfg.kv_type)}
+                                                      cuda=cfg.cuda, kv_type=cfg.kv_type,
+                                                      tensor_parallel=cfg.tensor_parallel)}
     if cfg.vs:
         engines["llama.cpp"] = LlamaCppEngine(cfg.model, threads=cfg.threads, n_ctx=n_ctx)
     runs: dict[str, list[RunTimes]] = {k: [] for k in engines}

@@ -47,6 +47,7 @@ class ServingConfig:
     cpu_isa: str | None = None
     cuda: dict | None = None  # the CUDA backend's switches, from the CLI's environment
     constraint: dict[str, Any] | None = None  # e.g. {"regex": "..."}: A/B of constrained against free bursts
+    tensor_parallel: int = 1  # GPUs the model is split over (quanta.parallel)
 
 
 def _prompts(vocab: int, n: int, length: int, seed: int) -> list[list[int]]:
@@ -182,7 +183,7 @@ def run_serving(cfg: ServingConfig, *, progress: bool = False) -> dict[str, Any]
     top = max(cfg.concurrency)
     n_ctx = max(cfg.prompt_tokens + cfg.decode_tokens, cfg.prefix_tokens + 17) + 16
     llm = LLM(cfg.model, device=cfg.device, threads=cfg.threads, exact=cfg.exact, cpu_isa=cfg.cpu_isa, cuda=cfg.cuda,
-              n_ctx=n_ctx, max_seqs=top)
+              n_ctx=n_ctx, max_seqs=top, tensor_parallel=cfg.tensor_parallel)
     engine, vocab = llm.engine, llm.config.vocab_size
     report: dict[str, Any] = {"model": str(cfg.model), "device": cfg.device, "config": asdict(cfg) | {
         "model": str(cfg.model)}, "n_ctx": n_ctx, "kv_blocks": engine.runner.n_blocks,

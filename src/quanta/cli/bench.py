@@ -27,9 +27,15 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="how quanta's KV cache stores keys and values (see `quanta run --help`)")
     p.add_argument("--cpu-isa", choices=("avx2", "avx_vnni", "avx512_vnni"), default=None,
                    help="force the CPU backend's int8 kernels onto one instruction set (default: the fastest)")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="split the model over N GPUs of this host (default 1; then no cold start and no per-kernel "
+                        "breakdown, which time one process)")
     p.add_argument("--busy-cores", type=int, default=0, metavar="N",
                    help="keep N cores busy with competing processes during the whole run (a shared machine)")
     p.add_argument("--no-cold-start", action="store_true", help="skip the process-start → first-token runs")
+    p.add_argument("--empty-kernel-cache", action="store_true",
+                   help="also time quanta's cold start with an empty Triton kernel cache, as on a machine's first "
+                        "run (--device cuda)")
     p.add_argument("--concurrency", metavar="C,C,...", default=None,
                    help="instead: the batched engine with C concurrent requests each (quanta.bench.serving)")
     p.add_argument("--prefix-tokens", type=int, default=1000, metavar="N",
@@ -56,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--depth must be 0 or more")
     if args.busy_cores < 0:
         raise ValueError("--busy-cores must be 0 or more")
+    if args.empty_kernel_cache and (args.no_cold_start or args.tensor_parallel > 1):
+        raise ValueError("--empty-kernel-cache times a cold start: leave out --no-cold-start and --tensor-parallel")
     if args.plot:
         import importlib.util
 
@@ -72,8 +80,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = BenchConfig(model=resolve_model(args.model, home=args.home), device=resolve_device(args.device),
                       prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens, depth=args.depth,
                       repeats=args.repeats, threads=threads, vs=args.vs, exact=args.exact,
-                      cold_start=not args.no_cold_start, busy_cores=args.busy_cores,
-                      cpu_isa=args.cpu_isa, cuda=args.cuda, kv_type=args.kv_type)
+                      cold_start=not args.no_cold_start and args.tensor_parallel == 1,
+                      breakdown=args.tensor_parallel == 1, busy_cores=args.busy_cores,
+                      cpu_isa=args.cpu_isa, cuda=args.cuda, kv_type=args.kv_type,
+                      tensor_parallel=args.tensor_parallel, empty_kernel_cache=args.empty_kernel_cache)
+    if args.empty_kernel_cache and cfg.device != "cuda":
+        raise ValueError("--empty-kernel-cache times the CUDA backend's kernel compiles: add --device cuda")
     return _report(run_bench(cfg, progress=sys.stderr.isatty()), args, format_table, plot)
 
 
@@ -103,7 +115,8 @@ def _serving(args: argparse.Namespace, threads: int) -> int:
                                        prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens,
                                        repeats=args.repeats, threads=threads, exact=args.exact,
                                        prefix_tokens=args.prefix_tokens, vs=args.vs, cpu_isa=args.cpu_isa,
-                                       cuda=args.cuda, constraint=output_constraint(args) or None),
+                                       cuda=args.cuda, constraint=output_constraint(args) or None,
+                                       tensor_parallel=args.tensor_parallel),
                          progress=sys.stderr.isatty())
     return _report(report, args, format_serving, plot_serving)
 

@@ -25,6 +25,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", choices=("auto", "f32", "f16", "q8"), default="auto",
                    help="how the KV cache stores keys and values: auto (f32 on the CPU and in --exact, f16 on "
                         "CUDA), or q8 (int8: about a quarter of f32's memory)")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="split the model over N GPUs of this host, one process each (default 1)")
     p.add_argument("--speculative", choices=["ngram"], default=None,
                    help="lossless speculative decoding: 'ngram' drafts from the text so far (pays on repetitive "
                         "output: copying, editing, summarising)")
@@ -87,7 +89,8 @@ def load_llm(args: argparse.Namespace) -> Any:
     from quanta.api import LLM
 
     return LLM(args.model, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
-               cpu_isa=args.cpu_isa, cuda=args.cuda, home=args.home, progress=True, **engine_kwargs(args))
+               cpu_isa=args.cpu_isa, cuda=args.cuda, tensor_parallel=args.tensor_parallel, home=args.home,
+               progress=True, **engine_kwargs(args))
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -48,5 +48,6 @@ def run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model, home=args.home, progress=True)
 
     load = dict(model=path, device=args.device, n_ctx=args.n_ctx, threads=args.threads, exact=args.exact,
-                cpu_isa=args.cpu_isa, cuda=args.cuda, home=args.home, **engine)  # LLM's, in the engine process
+                cpu_isa=args.cpu_isa, cuda=args.cuda, tensor_parallel=args.tensor_parallel, home=args.home,
+                **engine)  # LLM's, in the engine process
     return serve(config, load, model_name(args.model, path))

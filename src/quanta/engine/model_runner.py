@@ -18,6 +18,11 @@ from quanta.errors import QuantaError
 from quanta.models.base import Model
 
 
+# after this many dry runs in a row that compile nothing, new shapes run without one (a server's prompts come in
+# ever new lengths; the few kernels still missing then compile at their launch)
+QUIET_DRY_RUNS = 8
+
+
 def pool_blocks(model: Model, backend: Backend, config: EngineConfig, n_ctx: int) -> int:
     """Blocks of the KV pool: ``kv_blocks``, or ``kv_memory`` bytes' worth, or room for ``max_seqs`` full contexts
     within ``kv_memory_fraction`` of the device's free memory. At least one full context."""
@@ -58,6 +63,8 @@ class ModelRunner:
         self.n_blocks = pool_blocks(model, backend, config, n_ctx)
         self.cache: Any = backend.kv_cache(model.kv_shape(self.n_blocks, self.block_size), config.kv_dtype)
         self.graphs = None
+        self._eager_shapes: set[tuple[int, int, int, int | None]] = set()  # run eagerly so far
+        self._quiet_dry_runs = 0  # dry runs in a row that found nothing to compile
         if backend.graphs:
             from quanta.engine.graphs import ForwardGraphs
 
@@ -88,18 +95,36 @@ class ModelRunner:
                     if seq.token_ids[i] == PENDING:
                         source[o + i - seq.num_computed] = pending_rows[seq.id, i]
                 o += k
+        return self.execute(ids, meta, rows, previous, source)
+
+    def execute(self, ids: np.ndarray, meta: AttentionMetadata, rows: np.ndarray | None,
+                previous: Array | None = None, source: np.ndarray | None = None) -> Array:
+        """The forward of explicit host inputs (:meth:`inputs`' three, and where ``source[i] >= 0`` token i is
+        ``previous[source[i]]`` on the device), through a captured graph where one runs it. The lead of a
+        tensor-parallel group first sends the inputs to the other ranks, which run the same forward
+        (quanta.parallel.launch.follow); their token ids come from the lead's inside it."""
+        parallel = self.model.parallel
+        if parallel is not None and parallel.rank == 0:
+            parallel.lead((ids, meta, rows))
         if self.graphs is not None:
             verify = meta.max_query_len > 1 and rows is None and meta.prefill is not None and not meta.prefill.any()
             logits = self.graphs.run(ids, decode_rows(meta) if verify else meta, previous, source, rows)
             if logits is not None:
                 return logits  # a captured graph
-        return self.forward(self.backend.feed_tokens(ids, previous, source), meta, rows)
-
-    def forward(self, ids: Array, meta: AttentionMetadata, rows: np.ndarray | None) -> Array:
-        """The model on explicit inputs: backend token ids, host placement (``rows``: which tokens need logits;
-        None: all)."""
         be = self.backend
-        return self.model.forward(ids, be.metadata(meta), self.cache, None if rows is None else be.from_host(rows))
+
+        def forward() -> Array:
+            return self.model.forward(be.feed_tokens(ids, previous, source), be.metadata(meta), self.cache,
+                                      None if rows is None else be.from_host(rows))
+
+        shape = (len(ids), meta.n_seqs, meta.max_query_len, None if rows is None else len(rows))
+        if self._quiet_dry_runs < QUIET_DRY_RUNS and shape not in self._eager_shapes:
+            # a new shape may launch kernels not compiled yet: all of them at once
+            self._eager_shapes.add(shape)
+            compiled = be.compile_ahead(forward)
+            # (a tensor-parallel group keeps dry-running new shapes: its ranks must agree without a collective)
+            self._quiet_dry_runs = 0 if compiled or parallel is not None else self._quiet_dry_runs + 1
+        return forward()
 
     def inputs(self, batch: ScheduledBatch) -> tuple[np.ndarray, AttentionMetadata, np.ndarray | None]:
         """Token ids (``PENDING`` where not known yet), placement and logit rows of ``batch`` (host arrays)."""
@@ -162,6 +187,6 @@ class ModelRunner:
             meta = AttentionMetadata(positions, (blocks[0, positions // b] * b + positions % b).astype(np.int32),
                                      np.zeros(k, np.int32), blocks, np.asarray([start + k], np.int32),
                                      np.asarray([0, k], np.int32), 1, k, b, np.asarray([k > 1]))
-            logits = self.forward(self.backend.from_host(np.asarray(token_ids[start:start + k], np.int32)), meta, None)
+            logits = self.execute(np.asarray(token_ids[start:start + k], np.int32), meta, None)
             out[start:start + k] = self.backend.to_host(logits)
         return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from quanta.backends.base import Array, AttentionMetadata, Backend, KVShape
 from quanta.errors import QuantaError
 from quanta.gguf import GGUFFile, TensorInfo
 from quanta.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from quanta.parallel.group import TensorParallel
 
 # per-layer tensors every decoder layer has (``blk.{i}.{name}.weight``)
 ATTN_FFN_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -52,16 +55,24 @@ class Model:
     arch: str = ""
     neox_rope: bool = False  # False: llama's adjacent pairs; True: halves (qwen2, gemma)
 
-    def __init__(self, gguf: GGUFFile, config: ModelConfig, backend: Backend, n_ctx: int):
-        """``n_ctx``: the longest sequence (positions) the rotary tables cover."""
-        self.config, self.backend, self.n_ctx = config, backend, n_ctx
+    def __init__(self, gguf: GGUFFile, config: ModelConfig, backend: Backend, n_ctx: int,
+                 parallel: TensorParallel | None = None):
+        """``n_ctx``: the longest sequence (positions) the rotary tables cover. ``parallel``: this model is one
+        rank's part of a tensor-parallel group (quanta.parallel): ``config`` then becomes that rank's heads and FFN
+        width, and the forward's collectives join the ranks' parts."""
+        self.parallel = parallel
+        self.config = config if parallel is None else parallel.plan.local_config(config)
+        self.backend, self.n_ctx = backend, n_ctx
         self.gguf = gguf
         self._check_context_fits()
         self.tok_embd = self.matrix("token_embd.weight")
         self.output_norm = self.vector("output_norm.weight")
         # tied embeddings: no output.weight, the embedding matrix doubles as the lm head
         lm_head = "output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"
-        self.output = self.tok_embd if lm_head == "token_embd.weight" else self.matrix(lm_head)
+        if parallel is not None:
+            self.output = backend.load_weight(parallel.plan.lm_head(self.tensor(lm_head)))
+        else:
+            self.output = self.tok_embd if lm_head == "token_embd.weight" else self.matrix(lm_head)
         self.n_vocab = self.tensor(lm_head).shape[0]
         self.layers = [self.fuse_layer(self.load_layer(i)) for i in range(config.n_layers)]
 
@@ -80,11 +91,16 @@ class Model:
     def tensor(self, name: str) -> TensorInfo:
         return self.gguf.tensors[name]  # present with the right shape and type: load_model validated the file
 
+    def _part(self, name: str) -> TensorInfo:
+        """The tensor, or this rank's part of it."""
+        t = self.tensor(name)
+        return t if self.parallel is None else self.parallel.plan.tensor(t)
+
     def matrix(self, name: str) -> Any:
-        return self.backend.load_weight(self.tensor(name))
+        return self.backend.load_weight(self._part(name))
 
     def vector(self, name: str) -> Array:
-        return self.backend.load_vector(self.tensor(name))
+        return self.backend.load_vector(self._part(name))
 
     def load_layer(self, i: int) -> SimpleNamespace:
         """The layer's matrices (``attn_q`` …) and norms; architectures extend it with their extra tensors."""
@@ -174,8 +190,7 @@ class Model:
         ops, c, n = self.backend, self.config, q.shape[0]
         o = ops.attention(q, k, v, layer_cache, meta, scale=c.attn_scale, window=window,
                           softcap=c.attn_softcap, out=ops.buffer("attn", (n, c.n_heads * c.head_dim)))
-        out = residual if residual is not None else ops.buffer("attn_out", (n, c.d_model))
-        return ops.matmul(o, layer.attn_output, out=out, residual=residual)
+        return self._reduced(o, layer.attn_output, residual, "attn_out")
 
     def ffn(self, h: Array, layer: SimpleNamespace, *, gelu: bool = False, residual: Array | None = None) -> Array:
         """Gated feed-forward ``down(act(gate(h)) * up(h))`` → (n, d_model), added into ``residual`` when given."""
@@ -183,8 +198,18 @@ class Model:
         gate, up = ops.buffer("gate", (n, c.d_ff)), ops.buffer("up", (n, c.d_ff))
         self.project(h, layer.gate_up, {"ffn_gate": gate, "ffn_up": up})
         act = (ops.gelu_mul if gelu else ops.silu_mul)(gate, up, out=gate)
-        out = residual if residual is not None else ops.buffer("ffn_out", (n, c.d_model))
-        return ops.matmul(act, layer.ffn_down, out=out, residual=residual)
+        return self._reduced(act, layer.ffn_down, residual, "ffn_out")
+
+    def _reduced(self, x: Array, w: Any, residual: Array | None, name: str) -> Array:
+        """``x @ w.T`` (n, d_model), added into ``residual`` when given. Tensor parallel: ``w`` holds this rank's
+        input columns, and the ranks' partial products are summed (one all-reduce; the residual is added by the
+        lead alone, the others overwrite it with their part: every rank holds the same residual)."""
+        ops = self.backend
+        out = residual if residual is not None else ops.buffer(name, (x.shape[0], self.config.d_model))
+        if self.parallel is None:
+            return ops.matmul(x, w, out=out, residual=residual)
+        ops.matmul(x, w, out=out, residual=residual if self.parallel.rank == 0 else None)
+        return self.parallel.all_reduce(out)
 
     def logits(self, x: Array, rows: Array | None, residual: Array | None = None) -> Array:
         """Final norm (of ``x + residual`` when given) and lm head of the ``rows`` that need logits (all: None)."""
@@ -193,10 +218,23 @@ class Model:
             x = ops.gather_rows(x, rows)
             residual = ops.gather_rows(residual, rows) if residual is not None else None
         h = ops.rms_norm(x, self.output_norm, c.norm_eps, out=ops.buffer("h_out", tuple(x.shape)), residual=residual)
-        out = ops.matmul(h, self.output, out=ops.buffer("logits", (x.shape[0], self.n_vocab)))
+        if self.parallel is None:
+            out = ops.matmul(h, self.output, out=ops.buffer("logits", (x.shape[0], self.n_vocab)))
+        else:  # this rank's vocabulary rows, then every rank's columns joined
+            start, stop = self.parallel.plan.vocab
+            out = ops.matmul(h, self.output, out=ops.buffer("logits_part", (x.shape[0], stop - start)))
         if c.final_softcap > 0:
             ops.softcap(out, c.final_softcap)
+        if self.parallel is not None:
+            out = self.parallel.gather_vocab(out, ops.buffer("logits", (x.shape[0], self.n_vocab)))
         return out
+
+    def embed(self, token_ids: Array) -> Array:
+        """The embeddings (n, d_model) of ``token_ids``; tensor parallel, of the lead's ids (broadcast first)."""
+        if self.parallel is not None:
+            token_ids = self.parallel.broadcast_ids(token_ids)
+        ops, n = self.backend, token_ids.shape[0]
+        return ops.embed(self.tok_embd, token_ids, out=ops.buffer("x", (n, self.config.d_model)))
 
     def forward(self, token_ids: Array, meta: AttentionMetadata, cache: Any, logit_rows: Array | None) -> Array:
         """Logits (len(logit_rows), vocab) of a batch of tokens placed by ``meta`` (every row's: ``None``); each

@@ -40,7 +40,7 @@ class Gemma3(Model):
 
     def forward(self, token_ids: Array, meta: AttentionMetadata, cache: Any, logit_rows: Array | None) -> Array:
         ops, c, n = self.backend, self.config, token_ids.shape[0]
-        x = ops.embed(self.tok_embd, token_ids, out=ops.buffer("x", (n, c.d_model)))
+        x = self.embed(token_ids)
         ops.scale(x, math.sqrt(c.d_model))
         h_buf = ops.buffer("h", (n, c.d_model))
         pending = None  # the last sandwich-normed FFN output, added to x by the next norm (one pass, not two)

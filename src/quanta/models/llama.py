@@ -26,7 +26,7 @@ class Llama(Model):
 
     def forward(self, token_ids: Array, meta: AttentionMetadata, cache: Any, logit_rows: Array | None) -> Array:
         ops, c, n = self.backend, self.config, token_ids.shape[0]
-        x = ops.embed(self.tok_embd, token_ids, out=ops.buffer("x", (n, c.d_model)))
+        x = self.embed(token_ids)
         h_buf = ops.buffer("h", (n, c.d_model))
         for i, layer in enumerate(self.layers):
             h = ops.rms_norm(x, layer.attn_norm, c.norm_eps, out=h_buf)

@@ -163,7 +163,9 @@ def start_engine(load: dict[str, Any], metrics: Metrics, max_queue: int) -> Serv
 
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot live in a forked child
     conn, child = ctx.Pipe()
-    process = ctx.Process(target=engine_main, args=(child, load), name="quanta-engine", daemon=True)
+    # a daemon may not start processes: a tensor-parallel engine starts its other ranks (stop() ends it)
+    daemon = load.get("tensor_parallel", 1) == 1
+    process = ctx.Process(target=engine_main, args=(child, load), name="quanta-engine", daemon=daemon)
     process.start()
     child.close()
     try:

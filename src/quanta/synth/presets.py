@@ -141,6 +141,8 @@ PRESETS: dict[str, ModelPreset] = {
             tied_embeddings=True, qkv_bias=True),
         ModelPreset("llama-2-7b", "llama", 32, 4096, 11008, 32, 32, 32000, 4096, 10000.0, 1e-5,
                     replace(_SPM_LLAMA, chat_template=chat_templates.LLAMA2_INST)),
+        ModelPreset("llama-2-13b", "llama", 40, 5120, 13824, 40, 40, 32000, 4096, 10000.0, 1e-5,
+                    replace(_SPM_LLAMA, chat_template=chat_templates.LLAMA2_INST)),
     )
 }
 

@@ -157,7 +157,7 @@ def test_decode_on_model_shapes(heads: int, kv_heads: int, hd: int, device: str)
 
 
 @pytest.mark.parametrize("heads, kv_heads, hd", MODEL_SHAPES[1:4])
-@pytest.mark.parametrize("cache_dtype, dot", [(torch.float16, "fp16"), (torch.float32, "tf32")])
+@pytest.mark.parametrize("cache_dtype, dot", [(torch.float16, "half"), (torch.float32, "tf32")])
 def test_decode_on_tensor_cores_and_fp16_cache(heads: int, kv_heads: int, hd: int, cache_dtype: torch.dtype,
                                                dot: str, device: str) -> None:
     """The default mode's decode: K/V stored as fp16 and/or scores and p·V on tensor cores (operands rounded to
@@ -274,7 +274,7 @@ def _new_row_kernel(kc_ptr, vc_ptr, bt_ptr, ko_ptr, vo_ptr, pos, start, NSLOTS, 
     k = tl.full([BN, BD], -1.0, tl.float16)  # what a tile read before the PDL wait may hold
     v = tl.full([BN, BD], -2.0, tl.float16)
     k, v = _with_new_row(k, v, kc_ptr, vc_ptr, kc_ptr, vc_ptr, bt_ptr, 1, NSLOTS, p, pos, d, d < HD, HD, BLOCK, False,
-                         "fp16", FRESH)
+                         "half", FRESH)
     offs = tl.arange(0, BN)[:, None] * BD + d[None, :]
     tl.store(ko_ptr + offs, k)
     tl.store(vo_ptr + offs, v)

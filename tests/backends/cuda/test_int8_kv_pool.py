@@ -120,7 +120,7 @@ def test_decode_over_the_int8_pool(heads: int, kv_heads: int, hd: int, window: i
     pool = Pool(lengths, kv_heads, hd, 16, device, rng)
     layer = _int8_pool(pool, hd, device)
     _stored(pool, layer, chunks, hd, device)
-    scratch = DecodeScratch(len(lengths), heads, kv_heads, 300, hd, torch.device(device), dot="fp16", chunk=64)
+    scratch = DecodeScratch(len(lengths), heads, kv_heads, 300, hd, torch.device(device), dot="half", chunk=64)
     q = torch.from_numpy(rng.standard_normal((len(lengths), heads, hd)).astype(np.float32)).to(device)
     qn = q.cpu().numpy()
     out = torch.full((len(lengths), heads * hd), float("nan"), device=device)

@@ -117,7 +117,7 @@ def _prefill_tile(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_ptr, table, 
     if KV8:
         e = tl.arange(0, 32)
         for c in tl.static_range(0, BD, 32):
-            _store_rows(kv_q8.unrotated(out, r_ptr, c, BD, DOT == "fp16"), rows, h * HD + c + e, rmask[:, None], o_ptr,
+            _store_rows(kv_q8.unrotated(out, r_ptr, c, BD, DOT == "half"), rows, h * HD + c + e, rmask[:, None], o_ptr,
                         ow_ptr, H, HD, WORDS, NW)
     else:
         _store_rows(out, rows, h * HD + d, rmask[:, None] & dmask[None, :], o_ptr, ow_ptr, H, HD, WORDS, NW)
@@ -171,6 +171,6 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, met
     _prefill_attention_kernel[grid](q, k_cache, v_cache, *extra, meta.positions, meta.query_starts, tables,
                                     tables.stride(0), out, ow, h, hkv, hd, n_slots, scale, softcap or 1.0, window,
                                     BM=bm, BN=bn, BD=bd, BLOCK=meta.block_size, num_warps=warps, num_stages=stages,
-                                    DOT="ieee" if exact else "fp16" if half else "tf32", KV8=int8 is not None,
+                                    DOT="ieee" if exact else "half" if half else "tf32", KV8=int8 is not None,
                                     **flags, **word_flags)
     return out

@@ -19,6 +19,7 @@ import torch
 
 from quanta.backends.base import AttentionMetadata, Backend, KVShape
 from quanta.backends.cuda import activation, attention, flash_decode, kv_q8, norm, rope
+from quanta.backends.cuda.compile_ahead import compiles_ahead, dry_run_compiling
 from quanta.backends.cuda.copies import ActivationCopies
 from quanta.backends.cuda.embed import embed as _embed
 from quanta.backends.cuda.gemm import DEQUANT_MAX_WEIGHTS, dequantizes
@@ -86,12 +87,14 @@ class CUDABackend(Backend):
     name = "cuda"
 
     def __init__(self, device: str | torch.device = "cuda", *, exact: bool = False, graphs: bool = True,
-                 q8: bool = True, pdl: bool | None = None):
+                 q8: bool = True, pdl: bool | None = None, compile_ahead: bool = True):
         """``exact``: every matmul and attention in IEEE fp32, KV cache in fp32. Otherwise prefill matmuls run on
         bf16 tensor cores, decode matmuls of up to INT8_MAX_ROWS rows on int8 activations (q8gemv.py;
         ``q8=False``: float activations), the KV cache is fp16 and attention multiplies on tensor cores
         (flash_decode.py's ``_dot``). ``graphs``: :meth:`capture` records CUDA graphs. ``pdl``: programmatic
-        dependent launch (pdl.py); None: on where the GPU has it (sm_90+), never under the interpreter."""
+        dependent launch (pdl.py); None: on where the GPU has it (sm_90+), never under the interpreter.
+        ``compile_ahead``: the kernels a new shape's forward launches compile side by side first
+        (compile_ahead.py; off: each as it is first launched)."""
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
         if on_gpu and not torch.cuda.is_available():
@@ -100,11 +103,12 @@ class CUDABackend(Backend):
         self.q8 = q8 and not exact
         self.kv_dtype = torch.float32 if exact else torch.float16
         self.kv_itemsize = 4 if exact else 2
-        self.decode_dot = "ieee" if exact else "fp16"
+        self.decode_dot = "ieee" if exact else "half"
         self.graphs = graphs and on_gpu
         self.asynchronous = on_gpu  # kernels are queued: the engine may queue a step before reading the last one
         hopper = on_gpu and torch.cuda.get_device_capability(self.device)[0] >= 9
         self.pdl = hopper if pdl is None else pdl and hopper
+        self.kernels_ahead = compile_ahead and on_gpu and compiles_ahead()
         self._primer: threading.Thread | None = None
         if on_gpu:
             self._primer = threading.Thread(target=_prime_triton, daemon=True)
@@ -290,8 +294,22 @@ class CUDABackend(Backend):
         recorded so (sized for that many rows): graphs that never run at the same time (graphs.py)."""
         if not self.graphs or self._recorder is None:
             return None
-        self._join_primer()
+        self.compile_ahead(forward)
         return self._recorder.record(forward, share_rows)
+
+    def compile_ahead(self, forward: Callable[[], Any]) -> int:
+        """See Backend.compile_ahead: a dry run of ``forward`` compiles its kernels side by side
+        (compile_ahead.py)."""
+        self._join_primer()
+        if not self.kernels_ahead:
+            return 0
+        try:
+            return dry_run_compiling(forward, self.device)
+        except Exception as e:  # noqa: BLE001 - the real forward compiles what is left (and raises a real error)
+            self.kernels_ahead = False
+            warnings.warn(f"compiling kernels ahead failed ({type(e).__name__}: {e}); they compile as they are "
+                          f"first launched", RuntimeWarning, stacklevel=2)
+            return 0
 
     # ---- ops -------------------------------------------------------------------------------------------------
     def matmul(self, x: torch.Tensor, w: PackedWeight, *, out: torch.Tensor | None = None,

@@ -27,9 +27,11 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _dot(a, b, DOT: tl.constexpr):
-    """a @ b accumulated in fp32: "ieee" on the FMA units (exact fp32), "tf32" or "fp16" on the tensor cores (both
-    round the operands to 10-bit mantissas; "fp16" reads an fp16 cache without a conversion)."""
-    if DOT == "fp16":
+    """a @ b accumulated in fp32: "ieee" on the FMA units (exact fp32), "tf32" or "half" (fp16) on the tensor
+    cores (both round the operands to 10-bit mantissas; "half" reads an fp16 cache without a conversion). Not
+    "fp16": Triton's kernel preloading reads a string constexpr that names a dtype as that dtype
+    (compile_ahead.py)."""
+    if DOT == "half":
         return tl.dot(a.to(tl.float16), b.to(tl.float16))
     else:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT)
@@ -48,7 +50,7 @@ def pool_rows(c_ptr, s_ptr, rows, mask, d, HD, KV8: tl.constexpr, CG: tl.constex
     """The pool rows ``rows`` ([BN] int64) as a [BN, BD] tile (``mask``ed: 0): as stored, or with KV8 the int8
     pool's codes times their scales (at ``s_ptr``; kv_q8.py; in fp16 for fp16 dots). CG: loads past L1 (``.cg``)."""
     if KV8:
-        x = kv_q8.dequantized(c_ptr, s_ptr, rows, d, mask, HD, CG, DOT == "fp16")
+        x = kv_q8.dequantized(c_ptr, s_ptr, rows, d, mask, HD, CG, DOT == "half")
     elif CG:
         x = tl.load(c_ptr + rows[:, None] * HD + d[None, :], mask=mask, other=0.0, cache_modifier=".cg")
     else:
