@@ -18,7 +18,7 @@ from numba.core import cgutils
 from quanta.backends.cpu.kernels.int8_dots import dot_scaled, madd_i16
 from quanta.backends.cpu.kernels.q8_rows import rows_dot_q8_intrinsic
 from quanta.backends.cpu.kernels.simd import (
-    F32, I8, I16, I32, const_vec, fma, hsum, idx, load_f16, load_vec, splat, vec, zeros,
+    F32, I8, I16, I32, const_vec, fma, hsum, idx, load_f16, load_vec, prefetch_ahead, splat, vec, zeros,
 )  # fmt: skip
 from quanta.quant.formats import FORMATS
 
@@ -114,7 +114,9 @@ def _make_rows_dot_q8(name: str, superblock, fmt):
         accs = [cgutils.alloca_once_value(builder, zeros(8)) for _ in range(len(rows))]
         with cgutils.for_range(builder, builder.sdiv(nb32, ir.Constant(nb32.type, 8))) as loop:
             i = loop.index
-            superblock(isa, builder, bp, builder.mul(i, ir.Constant(i.type, fmt.type_size)), rows, i, accs)
+            b = builder.mul(i, ir.Constant(i.type, fmt.type_size))
+            prefetch_ahead(builder, bp, b, fmt.type_size)
+            superblock(isa, builder, bp, b, rows, i, accs)
         return [hsum(builder, builder.load(acc)) for acc in accs]
 
     return rows_dot_q8_intrinsic(name, row_body, fmt.block_size, fmt.type_size)

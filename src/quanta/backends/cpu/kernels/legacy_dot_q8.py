@@ -22,7 +22,7 @@ from quanta.backends.cpu.kernels.int8_dots import dot2_u8s8, dot_s8s8
 from quanta.backends.cpu.kernels.isa import isa_of
 from quanta.backends.cpu.kernels.q8_rows import for_pairs, row_lanes, row_sum, rows_dot_q8_intrinsic
 from quanta.backends.cpu.kernels.simd import (
-    F32, HALF, I8, I16, I32, const_vec, fma, hsum, idx, load_scalar, load_vec, vec, zeros,
+    F32, HALF, I8, I16, I32, const_vec, fma, hsum, idx, load_scalar, load_vec, prefetch_ahead, vec, zeros,
 )  # fmt: skip
 from quanta.quant.formats import FORMATS
 
@@ -122,6 +122,7 @@ def _make_rows_dot_q8(fmt_name: str):
         def pair(p, slot, single):
             b0 = builder.mul(p, ir.Constant(p.type, 2 * fmt.type_size))
             b1 = idx(builder, b0, fmt.type_size)
+            prefetch_ahead(builder, bp, b0, 2 * fmt.type_size)
             a, b = _codes_pair(fmt_name, builder, bp, b0, b1, single, signed)
             if has_min:
                 d, m = _scale_min_pairs(builder, bp, b0, b1, single, n)
