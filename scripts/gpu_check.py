@@ -1,13 +1,13 @@
 """The GPU check harness, run on a CUDA machine: the CUDA tests, GPU against CPU exact mode on synthetic (and a
 real) model, and the benchmarks: the batched engine at several concurrencies (`quanta bench --concurrency`), the
-single-request bench, the old code's single-stream decode side by side (``--old DIR``: a source tree of an older
-commit), the decode matmul routes per batch size, the captured decode graphs' GPU time per batch size, and the int8
-KV cache against the fp16 one.
+single-request bench, the cold starts (warm caches, an empty kernel cache), the old code's single-stream decode
+side by side (``--old DIR``: a source tree of an older commit), the decode matmul routes per batch size, the
+captured decode graphs' GPU time per batch size, and the int8 KV cache against the fp16 one.
 
 Everything but the two timing sections (``kernels``, ``graphs``) goes through quanta's public interface: the
 `quanta synth` and `quanta bench` verbs (one process each) and `quanta.LLM`.
 
-    OUT=gpu_out scripts/gpu_check.sh [--only tests,serving,bench,old,kernels,graphs,kvq8,compare] [--real M.gguf]
+    OUT=gpu_out scripts/gpu_check.sh [--only tests,serving,bench,start,old,kernels,graphs,kvq8,compare] [--real M.gguf]
 
 Log in $OUT/gpu_check.log, every number (the benches' --json reports too) in $OUT/gpu_check.json, the CUDA tests'
 output in $OUT/gpu_tests.txt; the summary is printed last.
@@ -357,10 +357,25 @@ def compare(run: Run, name: str, model: Path | tuple[str, str, int | None], n_to
                            f"{100 * row['ppl_rel_fast']:+.2f}%")
 
 
+def start(run: Run) -> None:
+    """`quanta bench --device cuda --empty-kernel-cache`: process start to first token with warm caches and with an
+    empty Triton cache (issue 38's 2.5 s and 10 s)."""
+    with run.section("quanta bench, cold starts"):
+        path = synth(run, *SERVING_MODEL)
+        report_path = run.out / "start.json"
+        table = quanta_cli("bench", "-m", str(path), "--device", "cuda", "-p", "8", "-n", "16", "--repeats", "3",
+                           "--empty-kernel-cache", "--json", str(report_path))
+        run.say(table)
+        r = json.loads(report_path.read_text())
+        run.results["start"] = {k: v for k, v in r.items() if k.startswith("cold_start")}
+        run.summary.append(f"cold start to first token: {r['cold_start_s']:.2f} s warm, "
+                           f"{r['cold_start_empty_cache_s']:.2f} s with an empty kernel cache")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="tests,serving,bench,old,kernels,graphs,kvq8,compare",
-                    help="sections: tests, serving, bench, old, kernels, graphs, kvq8, compare")
+    ap.add_argument("--only", default="tests,serving,bench,start,old,kernels,graphs,kvq8,compare",
+                    help="sections: tests, serving, bench, start, old, kernels, graphs, kvq8, compare")
     ap.add_argument("--real", default="", help="a real GGUF to compare too (e.g. SmolLM2)")
     ap.add_argument("--old", default="", help="the src/ folder of an older commit, for `old`")
     ap.add_argument("--out", type=Path, default=Path("gpu_out"))
@@ -379,6 +394,8 @@ def main() -> None:
         single(run, "old", args.old)
     if "bench" in only:
         single(run, "new", "src")
+    if "start" in only:
+        start(run)
     if "serving" in only:
         serving(run)
     if "graphs" in only:
