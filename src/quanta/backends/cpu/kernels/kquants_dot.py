@@ -14,8 +14,8 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from quanta.backends.cpu.kernels.simd import (
-    F32, I8, I32, const_vec, fma, hsum, idx, load_f16, load_vec, nibble, rows_dot_intrinsic, splat, vec,
-    zeros,
+    F32, I8, I32, const_vec, fma, hsum, idx, load_f16, load_vec, nibble, prefetch_ahead, rows_dot_intrinsic, splat,
+    vec, zeros,
 )  # fmt: skip
 from quanta.quant.formats import FORMATS
 
@@ -92,6 +92,7 @@ def _make_rows_dot(name: str, unpack, fmt):
         macc = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
         with cgutils.for_range(builder, builder.sdiv(nb32, ir.Constant(nb32.type, 8))) as loop:
             i = loop.index
+            prefetch_ahead(builder, bp, builder.mul(i, ir.Constant(i.type, fmt.type_size)), fmt.type_size)
             xo = builder.mul(i, ir.Constant(i.type, 256))
             so = builder.mul(i, ir.Constant(i.type, 8))
             n = iter(range(1 << 30))

@@ -15,8 +15,8 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from quanta.backends.cpu.kernels.simd import (
-    F32, I8, I32, const_vec, fma, for_block_pairs, hsum, idx, load_f16, load_scalar, load_vec, rows_dot_intrinsic,
-    splat, vec, zeros,
+    F32, I8, I32, const_vec, fma, for_block_pairs, hsum, idx, load_f16, load_scalar, load_vec, prefetch_ahead,
+    rows_dot_intrinsic, splat, vec, zeros,
 )  # fmt: skip
 from quanta.quant.formats import FORMATS
 
@@ -75,7 +75,10 @@ def _make_rows_dot(fmt_name: str):
         maccs = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(2)]
 
         def block(i, slot):
-            d, m, lo, hi = _block_q(fmt_name, builder, bp, builder.mul(i, ir.Constant(i.type, fmt.type_size)))
+            b = builder.mul(i, ir.Constant(i.type, fmt.type_size))
+            if slot == 0:  # once per pair of blocks (the loop takes two per iteration)
+                prefetch_ahead(builder, bp, b, 2 * fmt.type_size)
+            d, m, lo, hi = _block_q(fmt_name, builder, bp, b)
             xo = builder.mul(i, ir.Constant(i.type, 32))
             t = builder.fmul(lo, load_vec(builder, xp, xo, F32))
             t = fma(builder, hi, load_vec(builder, xp, idx(builder, xo, 16), F32), t)
