@@ -35,12 +35,11 @@ class LLM:
     "avx_vnni", "avx512_vnni"; default: the fastest the CPU has); ``cuda``: the GPU backend's switches
     (``{"q8": False}``: float activations in the decode matmuls; ``{"pdl": False}``: no programmatic dependent
     launch; ``{"compile_ahead": False}``: each kernel compiles at its first launch, not all of a new shape's
-    side by side first); ``tensor_parallel``: split the model over this many GPUs of the host (one process each, from
-    ``device``'s GPU on: quanta.parallel); ``home``: the model cache (default ~/.cache/quanta). The engine's
-    settings (``max_seqs``, ``max_batched_tokens``, ``block_size``, ``kv_blocks``, ``kv_memory``,
-    ``kv_memory_fraction``, ``prefix_caching``)
-    are :class:`quanta.engine.EngineConfig`'s; ``speculative="ngram"`` turns on lossless n-gram speculative decoding
-    (quanta.engine.speculation).
+    side by side first); ``tensor_parallel``: split the model over this many GPUs of the host (one process
+    each, from ``device``'s GPU on: quanta.parallel); ``home``: the model cache (default ~/.cache/quanta). The
+    engine's settings (``max_seqs``, ``max_batched_tokens``, ``block_size``, ``kv_blocks``, ``kv_memory``,
+    ``kv_memory_fraction``, ``prefix_caching``) are :class:`quanta.engine.EngineConfig`'s; ``speculative="ngram"``
+    turns on lossless n-gram speculative decoding (quanta.engine.speculation).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, device: str = "auto", n_ctx: int | None = None,
