@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -106,7 +107,8 @@ def gpu_tests(run: Run, path: str = "tests/backends/cuda", timeout_s: int = 420)
         except subprocess.TimeoutExpired as e:
             out = (e.stdout or b"").decode() + f"\nTIMEOUT after {timeout_s} s"
         (run.out / "gpu_tests.txt").write_text(out)
-        last = out.strip().splitlines()[-1] if out.strip() else "no output"
+        results = [line for line in out.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
+        last = results[-1] if results else (out.strip().splitlines() or ["no output"])[-1]
         run.say("  ", last)
         run.summary.append(f"GPU tests: {last}")
 

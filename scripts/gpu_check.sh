@@ -9,8 +9,8 @@
 #    single-stream decode is measured side by side (--old).
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH=src PYTHONUNBUFFERED=1 OUT="${OUT:-gpu_out}"
-[ -d gpu_parts/pylib ] && export PYTHONPATH=src:gpu_parts/pylib
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OUT="${OUT:-gpu_out}"
+[ -d gpu_parts/pylib ] && export PYTHONPATH=$PYTHONPATH:gpu_parts/pylib
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$OUT/gpu_check.log"
 extra=()

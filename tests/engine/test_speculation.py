@@ -29,12 +29,17 @@ def test_the_longest_earlier_ngram_proposes_what_followed_it():
 
 def test_the_gate_stops_drafting_when_it_cannot_pay():
     cheap = NgramDrafter(SpeculativeConfig(max_draft=4, extra_token_cost=0.05, prior=0.9))
-    assert cheap.best_k() == 4
-    for _ in range(20):
-        cheap.record(4, 0)  # every draft rejected
-    assert cheap.best_k() == 0
+    tokens = [5, 6, 7, 8, 9, 1, 2, 6, 7]
+    assert cheap.best_k(2) == 4
+    rejected = 0
+    while draft := cheap.propose(tokens, room=10):  # drafts after the 2-token match (6, 7)
+        assert draft == [8, 9, 1, 2][:len(draft)]
+        cheap.record(len(draft), 0)  # every draft rejected
+        rejected += 1
+    assert 1 <= rejected <= 20 and cheap.best_k(2) == 0
+    assert cheap.best_k(3) == 4  # drafts after longer matches keep their own record
     costly = NgramDrafter(SpeculativeConfig(max_draft=4, extra_token_cost=1.0, prior=0.9))
-    assert costly.best_k() == 0  # a verified token costs a whole step: drafting never wins
+    assert costly.best_k(3) == 0  # a verified token costs a whole step: drafting never wins
 
 
 def measured(costs: StepCosts, seqs: int = 1, plain: float = 1.0) -> StepCosts:
@@ -45,7 +50,7 @@ def measured(costs: StepCosts, seqs: int = 1, plain: float = 1.0) -> StepCosts:
 
 def confident(costs: StepCosts | None, rate: float = 0.9) -> NgramDrafter:
     d = NgramDrafter(SpeculativeConfig(max_draft=4), costs)
-    d.rate = rate
+    d.rates = [rate] * len(d.rates)
     return d
 
 
@@ -54,12 +59,12 @@ def decode(d: NgramDrafter, costs: StepCosts, steps: int, verify, accept: float)
     ``verify(k)`` plain steps and keeping ``accept`` of them on average: (time, tokens)."""
     time = tokens = 0.0
     for _ in range(steps):
-        k = d.best_k()
+        k = d.best_k(3)
         t = verify(k) if k else 1.0
         costs.observe(1, k, t)
         kept = sum(accept ** i for i in range(1, k + 1))  # the expected drafts kept
         d.record(k, round(kept))
-        d.rate = accept  # the sequence's acceptance stays what it is
+        d.rates = [accept] * len(d.rates)  # the sequence's acceptance stays what it is
         time, tokens = time + t, tokens + 1 + kept
     return time, tokens
 
@@ -67,9 +72,9 @@ def decode(d: NgramDrafter, costs: StepCosts, steps: int, verify, accept: float)
 def test_no_drafts_before_a_plain_step_is_timed_then_the_prior_prices_them():
     costs = StepCosts(0.2, 4)
     d = confident(costs)
-    assert d.best_k() == 0
+    assert d.best_k(3) == 0
     measured(costs)
-    assert d.best_k() == 4 and costs.relative(4) == pytest.approx(1.8)
+    assert d.best_k(3) == 4 and costs.relative(4) == pytest.approx(1.8)
     assert measured(StepCosts(0.2, 4), seqs=8).relative(1) == pytest.approx(1 + 0.2 / 2.4)  # a row of 8
 
 
@@ -79,7 +84,7 @@ def test_a_costly_verify_stops_drafting_and_is_probed_rarely():
     costs = measured(StepCosts(0.2, 4))
     d = confident(costs)
     decode(d, costs, 20, lambda k: 5.0, 0.9)
-    assert costs.batches[1].verifies <= 3 and costs.relative(4) > 4 and d.best_k() == 0
+    assert costs.batches[1].verifies <= 3 and costs.relative(4) > 4 and d.best_k(3) == 0
     time, tokens = decode(d, costs, 20_000, lambda k: 5.0, 0.9)
     assert time / tokens < 1.02
     assert costs.batches[1].verifies < 12  # probes, each wait longer than the last
@@ -88,12 +93,12 @@ def test_a_costly_verify_stops_drafting_and_is_probed_rarely():
 def test_a_cheap_verify_keeps_drafting_and_is_measured():
     costs = measured(StepCosts(0.5, 4))  # a pessimistic prior: 4 drafts at 90% would not pay
     d = confident(costs)
-    assert d.best_k() in (1, 2)
+    assert d.best_k(3) in (1, 2)
     for k in (1, 2, 3, 4) * 10:
         costs.observe(1, k, 1.1 + 0.1 * k)
     a, b = costs.batches[1].fit
     assert a == pytest.approx(1.1, abs=0.05) and b == pytest.approx(0.1, abs=0.02)
-    assert d.best_k() == 4  # measured costs override the prior
+    assert d.best_k(3) == 4  # measured costs override the prior
     time, tokens = decode(d, costs, 1000, lambda k: 1.1 + 0.1 * k, 0.9)
     assert costs.batches[1].verifies > 900 and tokens / time > 2
 
@@ -103,12 +108,12 @@ def test_a_stray_pause_does_not_stop_drafting():
     for _ in range(10):
         costs.observe(1, 4, 1.8)
     d = confident(costs, rate=0.8)
-    k = d.best_k()
+    k = d.best_k(3)
     costs.observe(1, 4, 200.0)  # a pause: taken as at most 4x the fit
-    assert d.best_k() > 0
+    assert d.best_k(3) > 0
     for _ in range(10):
         costs.observe(1, 4, 1.8)
-    assert d.best_k() == k
+    assert d.best_k(3) == k
     costs.observe(1, 0, 100.0)
     assert costs.batches[1].plain == pytest.approx(1.2)  # a plain step's time grows at most 2x per step
 
@@ -120,12 +125,12 @@ def test_a_due_probe_waits_only_where_a_draft_is_found():
     d = confident(costs)
     for _ in range(3):
         costs.observe(1, 4, 19.0)  # dear verify steps (the H200's, session 45)
-    assert d.best_k() == 0
+    assert d.best_k(3) == 0
     for _ in range(20_000):
         costs.observe(1, 0, 1.0)
-    assert costs.probe_due() and d.best_k() > 0 and not d.wants_to_draft()
+    assert costs.probe_due() and d.best_k(3) > 0 and not d.wants_to_draft()
     d.follow([1, 2, 3, 1, 2], 5)  # "1, 2" came before: "3, 1, 2" would follow
-    assert d.shadow == (5, [3, 1, 2]) and d.wants_to_draft()
+    assert d.shadow == (5, [3, 1, 2], 2) and d.wants_to_draft()
 
 
 def test_shadow_drafts_keep_the_acceptance_rate_while_nothing_is_verified():
@@ -135,14 +140,14 @@ def test_shadow_drafts_keep_the_acceptance_rate_while_nothing_is_verified():
         for t in (1, 2, 3, 4, 5):  # the cycle repeats: every shadow draft would have been kept
             tokens.append(t)
             d.follow(tokens, len(tokens))
-    assert d.rate > 0.85
+    assert d.rates[3] > 0.85  # every draft followed a 3-token match
     for t in np.random.default_rng(0).integers(1, 6, 60):  # the same tokens at random: drafts fail
         tokens.append(int(t))
         d.follow(tokens, len(tokens))
-    assert d.rate < 0.4
-    rate = d.rate
+    assert d.rates[3] < 0.4
+    rates = list(d.rates)
     d.follow(tokens + [99, 98], len(tokens))  # tokens past ``known`` are not read
-    assert d.rate == rate and d.shadow is not None and d.shadow[0] == len(tokens)
+    assert d.rates == rates and d.shadow is not None and d.shadow[0] == len(tokens)
 
 
 def test_greedy_verify_keeps_exactly_the_argmax_chain():

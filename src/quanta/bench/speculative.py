@@ -2,7 +2,9 @@
 
 Three prompt sets of eight chat prompts each: repetitive or grounded output (repeat a list, summarise a given text,
 edit a given snippet), prose, and code from scratch. Each prompt is decoded greedily by the same model twice per
-repeat, with and without speculation, alternating; greedy speculation is lossless, so both produce the same tokens
+repeat, with and without speculation, alternating, each time up to the model's end of turn (as a user's request
+ends; at most ``decode_tokens``: what a chat model writes after its end of turn is a made-up next conversation, not
+the answer the set is about); greedy speculation is lossless, so both produce the same tokens
 (on a GPU up to rounding at near-ties) and the ratio of their decode times is the speed-up. The first set runs one
 more repeat first, not timed: it warms both engines up (kernel compiles, and on a GPU the decode graphs of the
 verify steps' row counts). Per set: the speed-up of the summed decode times (median over repeats), the drafts'
@@ -65,7 +67,7 @@ class SpeculativeBenchConfig:
 
 def _decode(llm: Any, prompt: list[int], n: int, stats: list) -> tuple[list[int], float]:
     engine = llm.engine
-    rid = engine.add_request(prompt, SamplingParams(temperature=0.0), StopConditions(max_tokens=n, ignore_eos=True))
+    rid = engine.add_request(prompt, SamplingParams(temperature=0.0), StopConditions(max_tokens=n))
     while engine.has_unfinished():
         engine.step()
     seq = engine.release(rid)
@@ -85,13 +87,14 @@ def run_speculative(cfg: SpeculativeBenchConfig) -> dict[str, Any]:
     first = next(iter(PROMPT_SETS))  # its first repeat warms both engines up (compiles, graph captures) untimed
     for name, prompts in PROMPT_SETS.items():
         ids = [plain.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
-        ratios, same, spec_stats = [], True, []
+        ratios, same, spec_stats, lengths = [], True, [], []
         for repeat in range(cfg.repeats + (name == first)):
             t_plain = t_spec = 0.0
             for p in ids:
                 a, ta = _decode(plain, p, cfg.decode_tokens, [])
                 b, tb = _decode(spec, p, cfg.decode_tokens, spec_stats)
                 same &= a == b
+                lengths.append(len(b))
                 t_plain, t_spec = t_plain + ta, t_spec + tb
             if repeat or name != first:
                 ratios.append(t_plain / t_spec)
@@ -100,6 +103,7 @@ def run_speculative(cfg: SpeculativeBenchConfig) -> dict[str, Any]:
         verifies = sum(s.verify_steps for s in spec_stats)
         cost = spec.engine.costs.batches.get(1)  # one sequence at a time
         report["sets"][name] = {"speedup": statistics.median(ratios), "speedup_min": min(ratios),
+                                "tokens_per_request": statistics.mean(lengths),
                                 "speedup_max": max(ratios), "identical_tokens": same,
                                 "acceptance": accepted / drafted if drafted else 0.0,
                                 "tokens_per_verify": (accepted + verifies) / verifies if verifies else 0.0,
@@ -112,15 +116,16 @@ def run_speculative(cfg: SpeculativeBenchConfig) -> dict[str, Any]:
 
 
 def format_speculative(report: dict[str, Any]) -> str:
-    lines = [f"model {report['model']} · {report['device']} · greedy, {report['decode_tokens']} tokens per prompt, "
-             f"{report['repeats']} repeats", "",
-             (f"{'prompts':<12}{'speed-up':>10}{'min-max':>14}{'acceptance':>12}{'tok/verify':>12}"
+    lines = [f"model {report['model']} · {report['device']} · greedy, at most {report['decode_tokens']} tokens per "
+             f"prompt, {report['repeats']} repeats", "",
+             (f"{'prompts':<12}{'tokens':>8}{'speed-up':>10}{'min-max':>14}{'acceptance':>12}{'tok/verify':>12}"
               f"{'same tokens':>13}{'verify cost (timed)':>22}")]
     for name, r in report["sets"].items():
         cost = f"{r['verify_cost'][0]:.2f}+{r['verify_cost'][1]:.2f}k" if r["verify_cost"] else "-"
-        lines.append(f"{name:<12}{r['speedup']:>9.2f}x{r['speedup_min']:>8.2f}-{r['speedup_max']:<5.2f}"
-                     f"{r['acceptance']:>12.0%}{r['tokens_per_verify']:>12.2f}{str(r['identical_tokens']):>13}"
+        lines.append(f"{name:<12}{r['tokens_per_request']:>8.0f}{r['speedup']:>9.2f}x"
+                     f"{r['speedup_min']:>8.2f}-{r['speedup_max']:<5.2f}{r['acceptance']:>12.0%}"
+                     f"{r['tokens_per_verify']:>12.2f}{str(r['identical_tokens']):>13}"
                      f"{cost + ' (' + str(r['verify_steps_timed']) + ')':>22}")
-    lines.append("verify cost: a step verifying k drafts, in plain steps, as measured by the end of the set "
-                 "(verify steps timed)")
+    lines.append("tokens: generated per request (each ends at the model's end of turn); verify cost: a step "
+                 "verifying k drafts, in plain steps, as measured by the end of the set (verify steps timed)")
     return "\n".join(lines)

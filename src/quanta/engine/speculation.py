@@ -8,8 +8,9 @@ tokens arrive, makes each lookup O(max_ngram).
 Verifying: the step computes the sequence's last token and its k drafts, with logits for all k + 1 rows; the
 sampler keeps what plain decoding would have produced (``quanta.engine.sampler.verify``).
 
-The gate: each sequence keeps a running acceptance rate a (from its verify steps, and while it drafts nothing from
-shadow drafts scored against the tokens that follow them); a step with k drafts costs r(k) plain steps, measured
+The gate: each sequence keeps a running acceptance rate a per match length (a draft that follows a 3-token match is
+kept far more often than one after a single token), from its verify steps and, while it drafts nothing, from
+shadow drafts scored against the tokens that follow them; a step with k drafts costs r(k) plain steps, measured
 on the backend (``quanta.engine.step_cost``; the prior 1 + c*k until then), and yields 1 + a + ... + a^k tokens on
 average, so the sequence drafts the k (0 to ``max_draft``) with the best tokens per unit of time over its batch,
 and none while no k clearly beats plain decoding. Where the measured cost says drafting loses, a rare probe
@@ -52,61 +53,70 @@ class NgramDrafter:
         self.config, self.costs = config, costs
         self.latest: dict[tuple[int, ...], int] = {}  # n-gram → end index of its latest occurrence
         self.indexed = 0  # n-grams ending before this index are in ``latest``
-        self.rate = config.prior
-        self.shadow: tuple[int, list[int]] | None = None  # (start, draft): a draft not verified, scored by ``follow``
+        self.rates = [config.prior] * (config.max_ngram + 1)  # [m]: acceptance of drafts after an m-token match
+        self.matched = 0  # the match length behind the last proposed draft
+        # (start, draft, match length): a draft not verified, scored by ``follow``
+        self.shadow: tuple[int, list[int], int] | None = None
 
     def propose(self, tokens: Seq[int], room: int) -> list[int]:
-        """Draft tokens to follow ``tokens`` (at most ``room``, and as many as the gate says pay; none after a last
-        token still unknown: no n-gram with it is indexed)."""
-        k = min(self.best_k(), room)
-        if k <= 0 or len(tokens) < 2:
+        """Draft tokens to follow ``tokens`` (at most ``room``, and as many as the gate says pay for the match found;
+        none after a last token still unknown: no n-gram with it is indexed)."""
+        if room <= 0 or len(tokens) < 2:
             return []
-        self.shadow = None
-        return self._lookup(tokens, len(tokens), k)
+        draft, matched = self._lookup(tokens, len(tokens), self.config.max_draft)
+        k = min(self.best_k(matched), room) if draft else 0
+        if k <= 0:
+            return []  # the shadow draft, if any, stays to be scored
+        self.shadow, self.matched = None, matched
+        return draft[:k]
 
     def follow(self, tokens: Seq[int], known: int) -> None:
         """A step without drafts: ``tokens[:known]`` are final. The shadow draft is scored against them as a verify
         step would score it (once decided), and a new one is drafted from them."""
         if self.shadow is not None:
-            start, draft = self.shadow
+            start, draft, matched = self.shadow
             got = tokens[start:min(known, start + len(draft))]
             accepted = next((i for i, (g, d) in enumerate(zip(got, draft)) if g != d), len(got))
             if accepted < len(got) or accepted == len(draft):
-                self.record(len(draft), accepted)
+                self._update(matched, len(draft), accepted)
                 self.shadow = None
         if self.shadow is None and known >= 2:
-            draft = self._lookup(tokens, known, self.config.max_draft)
-            self.shadow = (known, draft) if draft else None
+            draft, matched = self._lookup(tokens, known, self.config.max_draft)
+            self.shadow = (known, draft, matched) if draft else None
 
     def wants_to_draft(self) -> bool:
-        """Whether this sequence drafts in its next step: the gate says drafts pay and the context has one to
-        offer (its shadow draft)."""
-        return self.shadow is not None and self.best_k() > 0
+        """Whether this sequence drafts in its next step: the context has a draft to offer (its shadow draft) and
+        the gate says drafts after its match pay."""
+        return self.shadow is not None and self.best_k(self.shadow[2]) > 0
 
     def record(self, proposed: int, accepted: int) -> None:
-        """A verify step's outcome: ``accepted`` of ``proposed`` drafts kept."""
+        """A verify step's outcome: ``accepted`` of the ``proposed`` drafts of the last proposal kept."""
+        self._update(self.matched, proposed, accepted)
+
+    def _update(self, matched: int, proposed: int, accepted: int) -> None:
         if proposed:
             # per-draft acceptance: kept drafts pass, the first rejected fails, those after it say nothing
             trials = accepted + (accepted < proposed)
-            self.rate = 0.8 * self.rate + 0.2 * (accepted / trials)
+            self.rates[matched] = 0.8 * self.rates[matched] + 0.2 * (accepted / trials)
 
-    def best_k(self) -> int:
-        """The draft length with the best expected tokens per unit of time (0: plain decoding wins), priced by the
-        measured costs (no drafts before a plain step of the batch size is timed), or by the prior for a probe."""
-        costs = self.costs
+    def best_k(self, matched: int) -> int:
+        """The draft length with the best expected tokens per unit of time after a match of ``matched`` tokens
+        (0: plain decoding wins), priced by the measured costs (no drafts before a plain step of the batch size is
+        timed), or by the prior for a probe."""
+        rate, costs = self.rates[matched], self.costs
         if costs is None:
-            return self._best((1.0, self.config.extra_token_cost), 1)
+            return self._best((1.0, self.config.extra_token_cost), 1, rate)
         if not costs.measured:
             return 0
-        k = self._best(costs.fit, costs.seqs)
+        k = self._best(costs.fit, costs.seqs, rate)
         if k == 0 and costs.probe_due():
-            k = self._best(costs.prior_fit, costs.seqs)
+            k = self._best(costs.prior_fit, costs.seqs, rate)
         return k
 
-    def _best(self, fit: tuple[float, float], seqs: int) -> int:
+    def _best(self, fit: tuple[float, float], seqs: int, p: float) -> int:
         """The best k when a step with k drafts costs a + b*k plain steps (``fit`` = (a, b)) of a batch of ``seqs``
-        sequences (the others make one token each either way)."""
-        (a, b), p = fit, self.rate
+        sequences (the others make one token each either way) and each draft is kept with probability ``p``."""
+        a, b = fit
         best, best_value, gain = 0, 1.0, 1.0
         for k in range(1, self.config.max_draft + 1):
             gain += p ** k
@@ -115,14 +125,15 @@ class NgramDrafter:
                 best, best_value = k, value
         return best
 
-    def _lookup(self, tokens: Seq[int], n: int, k: int) -> list[int]:
-        """At most ``k`` tokens that followed the latest earlier occurrence of ``tokens[:n]``'s longest suffix."""
+    def _lookup(self, tokens: Seq[int], n: int, k: int) -> tuple[list[int], int]:
+        """At most ``k`` tokens that followed the latest earlier occurrence of ``tokens[:n]``'s longest suffix, and
+        that suffix's length (0: none found)."""
         self._index(tokens, n - 1)  # n-grams ending before the last token (the suffix itself excluded)
         for m in range(min(self.config.max_ngram, n - 1), 0, -1):
             end = self.latest.get(tuple(tokens[n - m:n]))
             if end is not None:
-                return list(tokens[end + 1:min(end + 1 + k, n)])
-        return []
+                return list(tokens[end + 1:min(end + 1 + k, n)]), m
+        return [], 0
 
     def _index(self, tokens: Seq[int], stop: int) -> None:
         for end in range(max(self.indexed, 0), stop):
