@@ -11,7 +11,8 @@ far less (exact mode, 2 x 1,024 tokens of real text, teacher-forced top-1 agreem
 scale per head, 98.0% with one per 64 values, above 98% with one per 32; docs/PERF.md). Scores need no un-rotation (q·k = qH·kH, so the query is rotated once), and the weighted sum of rotated
 values is rotated back once per query and head. The new tokens' K/V are written at their slots first. Few queries
 of a sequence (decode): a numba kernel where each (token, head) pair computes its scores into a per-thread scratch
-row, a float32 softmax and the weighted sum of V, reading keys through the block table. Many (a prefill chunk): the
+row, a float32 softmax (exp 16 lanes at a time) and the weighted sum of V (explicit vectors: numba leaves that
+loop scalar), reading keys through the block table. Many (a prefill chunk): the
 same formula with BLAS over each kv head's score matrix, on the sequence's keys gathered once per layer (a view when
 its blocks are consecutive). Both are the textbook formula of HF's eager attention; tests compare them with a
 naive numpy version. Every (token, head) pair is computed on its own, so a token's output does not depend on the
@@ -25,6 +26,8 @@ import types
 
 import numba
 import numpy as np
+
+from quanta.backends.cpu.kernels.simd import LANES, axpy, exp_shifted
 
 QUERY_TILE = 128  # prefill queries per score matrix
 
@@ -99,19 +102,12 @@ def _scaled_dot(x: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> np.floa
     return acc
 
 
-@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(nogil=True, cache=True)
 def _scaled_add(o: np.ndarray, w: np.float32, codes: np.ndarray, scales: np.ndarray) -> None:
     """o += w · the int8 row ``codes`` (scaled per group, as ``_scaled_dot``)."""
     g = codes.size // scales.size
     for c in range(scales.size):
-        wg = w * scales[c]
-        base = c * g
-        if g == 32:
-            for d in range(32):
-                o[base + d] += wg * np.float32(codes[base + d])
-        else:
-            for d in range(base, base + g):
-                o[d] += wg * np.float32(codes[d])
+        axpy(o[c * g:(c + 1) * g], w * scales[c], codes[c * g:(c + 1) * g])
 
 
 @numba.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract"})  # vectorised dot products
@@ -151,8 +147,9 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
                 acc = np.float32(softcap * math.tanh(acc / softcap))
             s[j - lo] = acc
             m = max(m, acc)
-        total = np.float32(0.0)
-        for j in range(p + 1 - lo):
+        n_keys = p + 1 - lo
+        total = exp_shifted(s[:n_keys], m)  # LANES at a time, the rest below
+        for j in range(n_keys // LANES * LANES, n_keys):
             e = np.float32(math.exp(s[j] - m))
             s[j] = e
             total += e
@@ -163,8 +160,7 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
             slot = table[j // block_size] * block_size + j % block_size
             w = s[j - lo] / total
             if v_scale is None:
-                for d in range(hd):
-                    o[d] += w * v_cache[kh, slot, d]
+                axpy(o, w, v_cache[kh, slot])
             else:
                 _scaled_add(o, w, v_cache[kh, slot], v_scale[kh, slot])
         if v_scale is not None:

@@ -145,3 +145,83 @@ def rows_dot_intrinsic(name: str, row_body, block_size: int, type_size: int):
 
     typer.__name__ = name
     return intrinsic(typer)
+
+
+@intrinsic
+def axpy(typingctx, o, w, v):
+    """``o[:] += w * v[:]`` for a float32 row ``o`` and a float32 or int8 row ``v`` of unit stride, ``LANES`` at a
+    time (a decode attention's weighted sum of values). numba's vectoriser leaves this loop scalar: it cannot prove
+    that ``o`` and ``v`` do not overlap."""
+    codes = v.dtype == types.int8
+
+    def codegen(context, builder, signature, args):
+        op, vp = data_ptr(context, builder, signature.args[0], args[0]), data_ptr(context, builder, signature.args[2],
+                                                                                  args[2])
+        n = cgutils.unpack_tuple(builder, context.make_array(signature.args[0])(context, builder, args[0]).shape)[0]
+        w = context.cast(builder, args[1], signature.args[1], types.float32)
+        weight = splat(builder, w)
+        lanes = ir.Constant(n.type, LANES)
+        with cgutils.for_range(builder, builder.sdiv(n, lanes)) as loop:
+            off = builder.mul(loop.index, lanes)
+            target = builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer())
+            x = builder.sitofp(load_vec(builder, vp, off, I8), vec(F32)) if codes else load_vec(builder, vp, off, F32)
+            builder.store(fma(builder, weight, x, builder.load(target, align=1)), target, align=1)
+        with cgutils.for_range_slice(builder, builder.mul(builder.sdiv(n, lanes), lanes), n, ir.Constant(n.type, 1)) \
+                as (d, _):
+            target = builder.gep(op, [d])
+            x = builder.load(builder.gep(vp, [d]))
+            x = builder.sitofp(x, F32) if codes else x
+            builder.store(builder.fadd(builder.load(target), builder.fmul(w, x)), target)
+        return context.get_dummy_value()
+
+    return types.none(o, w, v), codegen
+
+
+# Cephes' expf: exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts), exp(r) by a degree-7
+# polynomial; within 2 ulp of libm's expf over the range used
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+
+
+def _exp_vec(builder, x):
+    """exp of each lane of a <LANES x float> (x clamped to [-87.3, 88.3]: no overflow, no denormals)."""
+    def c(value):
+        return ir.Constant(vec(F32), [value] * LANES)
+
+    def call(name, *values):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(F32), [vec(F32)] * len(values)),
+                                            f"llvm.{name}.v{LANES}f32")
+        return builder.call(fn, list(values))
+
+    x = call("maxnum", call("minnum", x, c(88.3)), c(-87.3))
+    n = call("floor", fma(builder, x, c(1.44269504088896341), c(0.5)))
+    r = fma(builder, n, c(-0.693359375), x)
+    r = fma(builder, n, c(2.12194440e-4), r)
+    p = c(_EXP_POLY[0])
+    for coefficient in _EXP_POLY[1:]:
+        p = fma(builder, p, r, c(coefficient))
+    p = fma(builder, p, builder.fmul(r, r), builder.fadd(r, c(1.0)))
+    bits = builder.shl(builder.add(builder.fptosi(n, vec(I32)), ir.Constant(vec(I32), [127] * LANES)),
+                       ir.Constant(vec(I32), [23] * LANES))
+    return builder.fmul(p, builder.bitcast(bits, vec(F32)))
+
+
+@intrinsic
+def exp_shifted(typingctx, row, m):
+    """``row[j] = exp(row[j] - m)`` for the first ``len(row) // LANES * LANES`` values of a float32 row (unit
+    stride), ``LANES`` at a time; returns their sum (a softmax's numerator and denominator). The rest of the row is
+    the caller's."""
+
+    def codegen(context, builder, signature, args):
+        rp = data_ptr(context, builder, signature.args[0], args[0])
+        n = cgutils.unpack_tuple(builder, context.make_array(signature.args[0])(context, builder, args[0]).shape)[0]
+        shift = splat(builder, context.cast(builder, args[1], signature.args[1], types.float32))
+        total = cgutils.alloca_once_value(builder, zeros())
+        with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, LANES))) as loop:
+            off = builder.mul(loop.index, ir.Constant(n.type, LANES))
+            target = builder.bitcast(builder.gep(rp, [off]), vec(F32).as_pointer())
+            e = _exp_vec(builder, builder.fsub(builder.load(target, align=1), shift))
+            builder.store(e, target, align=1)
+            builder.store(builder.fadd(builder.load(total), e), total)
+        return hsum(builder, builder.load(total))
+
+    return types.float32(row, m), codegen

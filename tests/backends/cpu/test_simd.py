@@ -1,0 +1,51 @@
+"""The decode attention's vector helpers against numpy: ``axpy`` (float32 and int8 rows, lengths with a scalar tail,
+rows that are views of larger arrays) and ``exp_shifted`` (Cephes' expf) against float64 exp."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from quanta.backends.cpu.kernels.simd import LANES, axpy, exp_shifted
+
+
+@numba.njit
+def _axpy(o, w, v):
+    axpy(o, w, v)
+
+
+@numba.njit
+def _exp_shifted(row, m):
+    return exp_shifted(row, m)
+
+
+@pytest.mark.parametrize("n", [3, 16, 40, 64, 256])
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_axpy_adds_the_scaled_row(n, dtype):
+    rng = np.random.default_rng(n)
+    out = rng.standard_normal((3, n + 5)).astype(np.float32)
+    values = (rng.integers(-127, 128, (2, n)) if dtype == np.int8 else rng.standard_normal((2, n))).astype(dtype)
+    expected = out.copy()
+    expected[1, 5:] += np.float32(0.37) * values[1].astype(np.float32)
+    _axpy(out[1, 5:], np.float32(0.37), values[1])  # views of larger arrays: only that row's range changes
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_exp_shifted_is_within_two_ulp_and_leaves_the_tail():
+    x = np.linspace(-87.0, 88.0, LANES * 20_000 + 7).astype(np.float32)
+    row = x.copy()
+    _exp_shifted(row, np.float32(0.0))
+    done = len(x) // LANES * LANES
+    ref = np.exp(x[:done].astype(np.float64))
+    assert np.max(np.abs(row[:done] - ref) / ref) < 2.5 * 2.0 ** -24
+    np.testing.assert_array_equal(row[done:], x[done:])  # the caller's part
+    scores = np.array([3.0, -1.0, 0.5, 2.0] * 8, np.float32)
+    m = scores.max()
+    shifted = scores.copy()
+    total = _exp_shifted(shifted, m)
+    np.testing.assert_allclose(shifted, np.exp(scores.astype(np.float64) - m), rtol=3e-7)
+    assert total == pytest.approx(np.exp(scores.astype(np.float64) - m).sum(), rel=1e-6)
+    row = np.full(LANES, -1000.0, np.float32)  # far below the range: tiny, never NaN or negative
+    _exp_shifted(row, np.float32(0.0))
+    assert np.all((row >= 0) & (row < 1e-37))
