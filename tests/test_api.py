@@ -49,8 +49,8 @@ def test_bad_prompts(llm):
 def test_bad_constructor_arguments(smollm2_path):
     with pytest.raises(ValueError, match="n_ctx"):
         quanta.LLM(smollm2_path, n_ctx=0)
-    with pytest.raises(QuantaError, match=r"n_ctx 1,000,000,000 needs 4\d,\d{3}\.\d GiB .* lower n_ctx"):
-        quanta.LLM(smollm2_path, n_ctx=10**9)  # 46 KB of KV cache per position: 43 TiB
+    with pytest.raises(QuantaError, match=r"n_ctx 1,000,000,000 needs 2\d,\d{3}\.\d GiB .* lower n_ctx"):
+        quanta.LLM(smollm2_path, n_ctx=10**9)  # 23 KB of f16 KV cache per position: 21 TiB
     with pytest.raises(ValueError, match="device"):
         quanta.LLM(smollm2_path, device="tpu")
     with pytest.raises((QuantaError, FileNotFoundError)):

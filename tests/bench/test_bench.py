@@ -59,7 +59,7 @@ def test_bytes_per_token_counts_weights_and_kv_as_gguf_py_reads_them(report, smo
     names = {t.name: int(t.n_bytes) for t in reader.tensors}
     tied = "output.weight" not in names
     weights = sum(b for n, b in names.items() if tied or n != "token_embd.weight")
-    kv = kv_bytes_per_token(30, 3, 64, r["prompt_tokens"] + r["decode_tokens"] // 2)
+    kv = kv_bytes_per_token(30, 3, 64, r["prompt_tokens"] + r["decode_tokens"] // 2, itemsize=2)  # f16 pool
     assert r["bytes_per_token"] == weights + kv
     roof = r["bandwidth_gb_s"] * 1e9 / r["bytes_per_token"]
     assert r["roofline_pct"] == pytest.approx(100 * r["decode_tok_s"] / roof)

@@ -23,8 +23,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-isa", choices=("avx2", "avx_vnni", "avx512_vnni"), default=None,
                    help="force the CPU's int8 kernels onto one instruction set (default: the fastest it has)")
     p.add_argument("--kv-type", choices=("auto", "f32", "f16", "q8"), default="auto",
-                   help="how the KV cache stores keys and values: auto (f32 on the CPU and in --exact, f16 on "
-                        "CUDA), or q8 (int8: about a quarter of f32's memory)")
+                   help="how the KV cache stores keys and values: auto (f32 in --exact, f16 otherwise), f32, "
+                        "f16, or q8 (int8: about a quarter of f32's memory)")
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the model over N GPUs of this host, one process each (default 1)")
     p.add_argument("--speculative", choices=["ngram"], default=None,

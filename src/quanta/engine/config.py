@@ -24,7 +24,7 @@ class EngineConfig:
         ``kv_memory_fraction`` of the device's free memory after the weights.
     prefix_caching: full blocks are shared by requests whose tokens up to them are identical.
     speculative: n-gram speculative decoding's settings (``SpeculativeConfig``), or None (off).
-    kv_dtype: how the pool stores K and V: "auto" (f32 on the CPU and in exact mode, f16 on CUDA), "f32", "f16",
+    kv_dtype: how the pool stores K and V: "auto" (f32 in exact mode, f16 otherwise), "f32", "f16",
         or "q8" (int8 with one scale per token and KV head: about a quarter of f32's bytes).
     """
 

@@ -1,7 +1,8 @@
 """Causal GQA attention over the paged KV pool, with sliding window and score soft-capping (numba and BLAS).
 
-Pool layout per layer: K and V of (n_kv_heads, n_slots, head_dim), float32, or int8 codes with a float32 scale per
-(slot, head) (``k_scale``/``v_scale``; None for float32: numba compiles that case without them); position p of a
+Pool layout per layer: K and V of (n_kv_heads, n_slots, head_dim), float32, f16 (as uint16 bits: numba has no
+float16 arrays; converted by the ``simd`` row helpers) or int8 codes with a float32 scale per (slot, head)
+(``k_scale``/``v_scale``; None otherwise: numba compiles those cases without them); position p of a
 sequence sits at slot ``table[p // B] * B + p % B`` (B = block size).
 
 int8 rows are stored rotated by the normalised Walsh-Hadamard matrix H (orthogonal and symmetric, H·H = I), one
@@ -27,7 +28,7 @@ import types
 import numba
 import numpy as np
 
-from quanta.backends.cpu.kernels.simd import LANES, axpy, exp_shifted
+from quanta.backends.cpu.kernels.simd import LANES, axpy, dot_row, exp_shifted, is_half, store_row
 
 QUERY_TILE = 128  # prefill queries per score matrix
 
@@ -53,8 +54,7 @@ def _store(x: np.ndarray, cache: np.ndarray, scale: np.ndarray | None, h: int, s
     """One head's row ``x`` into slot ``s`` of ``cache``: as it is, or rotated (``row``: scratch) as int8 codes
     of ``max|xH| / 127`` steps per group of ``SCALE_GROUP`` values."""
     if scale is None:
-        for d in range(x.size):
-            cache[h, s, d] = x[d]
+        store_row(cache[h, s], x)  # float32, or rounded to f16
     else:
         for d in range(x.size):
             row[d] = x[d]
@@ -136,7 +136,9 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
         m = -np.inf
         for j in range(lo, p + 1):
             slot = table[j // block_size] * block_size + j % block_size
-            if k_scale is None:
+            if k_scale is None and is_half(k_cache):
+                acc = dot_row(qrow, k_cache[kh, slot])
+            elif k_scale is None:
                 acc = np.float32(0.0)
                 for d in range(hd):
                     acc += qrow[d] * k_cache[kh, slot, d]
@@ -220,6 +222,8 @@ def attention_blas(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_sc
     o = out.reshape(n, n_heads, hd)
     for h in range(k_cache.shape[0]):
         kh, vh = k_cache[h, keys], v_cache[h, keys]
+        if kh.dtype == np.uint16:  # f16 bits
+            kh, vh = kh.view(np.float16).astype(np.float32), vh.view(np.float16).astype(np.float32)
         if k_scale is not None:  # rotated int8 codes: dequantized and rotated back once per chunk and head
             rot = hadamard_matrix(hd)
             groups = k_scale.shape[2]

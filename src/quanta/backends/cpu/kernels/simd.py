@@ -147,34 +147,126 @@ def rows_dot_intrinsic(name: str, row_body, block_size: int, type_size: int):
     return intrinsic(typer)
 
 
+def _row(context, builder, ty, value):
+    """(data pointer, length) of a unit-stride 1-D array argument."""
+    arr = context.make_array(ty)(context, builder, value)
+    return arr.data, cgutils.unpack_tuple(builder, arr.shape)[0]
+
+
+def _as_f32(builder, x, dtype):
+    """A loaded element or <LANES> vector of float32, int8 codes or f16 bits (uint16) as float32."""
+    if dtype == types.float32:
+        return x
+    n = x.type.count if isinstance(x.type, ir.VectorType) else None
+    if dtype == types.int8:
+        return builder.sitofp(x, vec(F32, n) if n else F32)
+    return builder.fpext(builder.bitcast(x, vec(HALF, n) if n else HALF), vec(F32, n) if n else F32)
+
+
+_ROW_ELEMENTS = {types.float32: F32, types.int8: I8, types.uint16: I16}
+
+
+def _lanes_then_tail(builder, n, vector_step, scalar_step) -> None:
+    """``vector_step(offset)`` for each ``LANES`` elements of ``n``, then ``scalar_step(index)`` for the rest."""
+    lanes = ir.Constant(n.type, LANES)
+    with cgutils.for_range(builder, builder.sdiv(n, lanes)) as loop:
+        vector_step(builder.mul(loop.index, lanes))
+    with cgutils.for_range_slice(builder, builder.mul(builder.sdiv(n, lanes), lanes), n, ir.Constant(n.type, 1)) \
+            as (d, _):
+        scalar_step(d)
+
+
 @intrinsic
 def axpy(typingctx, o, w, v):
-    """``o[:] += w * v[:]`` for a float32 row ``o`` and a float32 or int8 row ``v`` of unit stride, ``LANES`` at a
-    time (a decode attention's weighted sum of values). numba's vectoriser leaves this loop scalar: it cannot prove
-    that ``o`` and ``v`` do not overlap."""
-    codes = v.dtype == types.int8
+    """``o[:] += w * v[:]`` for a float32 row ``o`` and a float32, int8 or f16 (uint16 bits) row ``v`` of unit
+    stride, ``LANES`` at a time (a decode attention's weighted sum of values). numba's vectoriser leaves this loop
+    scalar: it cannot prove that ``o`` and ``v`` do not overlap."""
+    elt = _ROW_ELEMENTS[v.dtype]
 
     def codegen(context, builder, signature, args):
-        op, vp = data_ptr(context, builder, signature.args[0], args[0]), data_ptr(context, builder, signature.args[2],
-                                                                                  args[2])
-        n = cgutils.unpack_tuple(builder, context.make_array(signature.args[0])(context, builder, args[0]).shape)[0]
+        (op, n), (vp, _) = _row(context, builder, o, args[0]), _row(context, builder, v, args[2])
         w = context.cast(builder, args[1], signature.args[1], types.float32)
         weight = splat(builder, w)
-        lanes = ir.Constant(n.type, LANES)
-        with cgutils.for_range(builder, builder.sdiv(n, lanes)) as loop:
-            off = builder.mul(loop.index, lanes)
+
+        def lanes(off):
             target = builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer())
-            x = builder.sitofp(load_vec(builder, vp, off, I8), vec(F32)) if codes else load_vec(builder, vp, off, F32)
+            x = _as_f32(builder, load_vec(builder, vp, off, elt), v.dtype)
             builder.store(fma(builder, weight, x, builder.load(target, align=1)), target, align=1)
-        with cgutils.for_range_slice(builder, builder.mul(builder.sdiv(n, lanes), lanes), n, ir.Constant(n.type, 1)) \
-                as (d, _):
+
+        def one(d):
             target = builder.gep(op, [d])
-            x = builder.load(builder.gep(vp, [d]))
-            x = builder.sitofp(x, F32) if codes else x
+            x = _as_f32(builder, builder.load(builder.gep(vp, [d])), v.dtype)
             builder.store(builder.fadd(builder.load(target), builder.fmul(w, x)), target)
+
+        _lanes_then_tail(builder, n, lanes, one)
         return context.get_dummy_value()
 
     return types.none(o, w, v), codegen
+
+
+@intrinsic
+def dot_row(typingctx, q, k):
+    """``q · k`` for a float32 row ``q`` and a float32 or f16 (uint16 bits) row ``k`` of unit stride, ``LANES`` at a
+    time (a decode attention's score against an f16 key)."""
+    elt = _ROW_ELEMENTS[k.dtype]
+
+    def codegen(context, builder, signature, args):
+        (qp, n), (kp, _) = _row(context, builder, q, args[0]), _row(context, builder, k, args[1])
+        acc = cgutils.alloca_once_value(builder, zeros())
+        tail = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+
+        def lanes(off):
+            x = _as_f32(builder, load_vec(builder, kp, off, elt), k.dtype)
+            builder.store(fma(builder, load_vec(builder, qp, off, F32), x, builder.load(acc)), acc)
+
+        def one(d):
+            x = _as_f32(builder, builder.load(builder.gep(kp, [d])), k.dtype)
+            builder.store(builder.fadd(builder.load(tail), builder.fmul(builder.load(builder.gep(qp, [d])), x)),
+                          tail)
+
+        _lanes_then_tail(builder, n, lanes, one)
+        return builder.fadd(hsum(builder, builder.load(acc)), builder.load(tail))
+
+    return types.float32(q, k), codegen
+
+
+@intrinsic
+def store_row(typingctx, dst, src):
+    """``dst[:] = src[:]`` for a float32 row ``src`` into a float32 row or an f16 one (uint16 bits, rounded to
+    nearest), unit stride. (An int8 ``dst`` gets the values truncated: only so that a kernel's branch for the other
+    caches compiles for the q8 one, whose rows are scaled first.)"""
+
+    def convert(builder, x, n=None):
+        if dst.dtype == types.uint16:
+            return builder.bitcast(builder.fptrunc(x, vec(HALF, n) if n else HALF), vec(I16, n) if n else I16)
+        if dst.dtype == types.int8:
+            return builder.fptosi(x, vec(I8, n) if n else I8)
+        return x
+
+    def codegen(context, builder, signature, args):
+        (dp, n), (sp, _) = _row(context, builder, dst, args[0]), _row(context, builder, src, args[1])
+
+        def lanes(off):
+            x = convert(builder, load_vec(builder, sp, off, F32), LANES)
+            builder.store(x, builder.bitcast(builder.gep(dp, [off]), x.type.as_pointer()), align=1)
+
+        def one(d):
+            builder.store(convert(builder, builder.load(builder.gep(sp, [d]))), builder.gep(dp, [d]))
+
+        _lanes_then_tail(builder, n, lanes, one)
+        return context.get_dummy_value()
+
+    return types.none(dst, src), codegen
+
+
+@intrinsic
+def is_half(typingctx, a):
+    """Whether ``a`` holds f16 bits (uint16), as a constant the compiler folds (a kernel's branch per KV dtype)."""
+
+    def codegen(context, builder, signature, args):
+        return ir.Constant(ir.IntType(1), int(a.dtype == types.uint16))
+
+    return types.boolean(a), codegen
 
 
 # Cephes' expf: exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts), exp(r) by a degree-7
