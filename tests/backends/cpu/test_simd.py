@@ -32,14 +32,12 @@ def test_axpy_adds_the_scaled_row(n, dtype):
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
 
 
-def test_exp_shifted_is_within_two_ulp_and_leaves_the_tail():
-    x = np.linspace(-87.0, 88.0, LANES * 20_000 + 7).astype(np.float32)
+def test_exp_shifted_is_within_two_ulp_lanes_and_tail():
+    x = np.linspace(-87.0, 88.0, LANES * 20_000 + 7).astype(np.float32)  # 7 values past the last 16 lanes
     row = x.copy()
     _exp_shifted(row, np.float32(0.0))
-    done = len(x) // LANES * LANES
-    ref = np.exp(x[:done].astype(np.float64))
-    assert np.max(np.abs(row[:done] - ref) / ref) < 2.5 * 2.0 ** -24
-    np.testing.assert_array_equal(row[done:], x[done:])  # the caller's part
+    ref = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(row - ref) / ref) < 2.5 * 2.0 ** -24
     scores = np.array([3.0, -1.0, 0.5, 2.0] * 8, np.float32)
     m = scores.max()
     shifted = scores.copy()

@@ -28,7 +28,7 @@ import types
 import numba
 import numpy as np
 
-from quanta.backends.cpu.kernels.simd import LANES, axpy, dot_row, exp_shifted, is_half, store_row
+from quanta.backends.cpu.kernels.simd import axpy, dot_row, exp_shifted, is_half, store_row
 
 QUERY_TILE = 128  # prefill queries per score matrix
 
@@ -149,12 +149,7 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
                 acc = np.float32(softcap * math.tanh(acc / softcap))
             s[j - lo] = acc
             m = max(m, acc)
-        n_keys = p + 1 - lo
-        total = exp_shifted(s[:n_keys], m)  # LANES at a time, the rest below
-        for j in range(n_keys // LANES * LANES, n_keys):
-            e = np.float32(math.exp(s[j] - m))
-            s[j] = e
-            total += e
+        total = exp_shifted(s[:p + 1 - lo], m)
         o = out[i, h * hd:(h + 1) * hd]
         for d in range(hd):
             o[d] = 0.0

@@ -93,8 +93,8 @@ class CPUBackend(Backend):
         return kv_nbytes(shape, self._kv_dtype(dtype))
 
     def _kv_dtype(self, dtype: str) -> str:
-        """"auto": f32 in exact mode, else f16 (half the bytes the decode attention reads: at a 4,000-token context
-        SmolLM2 decodes 1.37x faster, docs/PERF.md session 51)."""
+        """The pool's dtype for ``dtype``, "auto" being f32 in exact mode and f16 otherwise (half the bytes the decode
+        attention reads: at a 4,000-token context SmolLM2 decodes 1.37x faster, docs/PERF.md session 51)."""
         return ("f32" if self.exact else "f16") if dtype == "auto" else dtype
 
     def metadata(self, host: AttentionMetadata) -> CPUAttentionMetadata:

@@ -299,21 +299,30 @@ def _exp_vec(builder, x):
 
 @intrinsic
 def exp_shifted(typingctx, row, m):
-    """``row[j] = exp(row[j] - m)`` for the first ``len(row) // LANES * LANES`` values of a float32 row (unit
-    stride), ``LANES`` at a time; returns their sum (a softmax's numerator and denominator). The rest of the row is
-    the caller's."""
+    """``row[j] = exp(row[j] - m)`` for a float32 row of unit stride, ``LANES`` at a time (the rest by libm's
+    expf); returns the sum (a softmax's numerator and denominator)."""
 
     def codegen(context, builder, signature, args):
-        rp = data_ptr(context, builder, signature.args[0], args[0])
-        n = cgutils.unpack_tuple(builder, context.make_array(signature.args[0])(context, builder, args[0]).shape)[0]
-        shift = splat(builder, context.cast(builder, args[1], signature.args[1], types.float32))
+        rp, n = _row(context, builder, row, args[0])
+        m = context.cast(builder, args[1], signature.args[1], types.float32)
+        shift = splat(builder, m)
         total = cgutils.alloca_once_value(builder, zeros())
-        with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, LANES))) as loop:
-            off = builder.mul(loop.index, ir.Constant(n.type, LANES))
+        tail = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+        expf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32]), "llvm.exp.f32")
+
+        def lanes(off):
             target = builder.bitcast(builder.gep(rp, [off]), vec(F32).as_pointer())
             e = _exp_vec(builder, builder.fsub(builder.load(target, align=1), shift))
             builder.store(e, target, align=1)
             builder.store(builder.fadd(builder.load(total), e), total)
-        return hsum(builder, builder.load(total))
+
+        def one(d):
+            target = builder.gep(rp, [d])
+            e = builder.call(expf, [builder.fsub(builder.load(target), m)])
+            builder.store(e, target)
+            builder.store(builder.fadd(builder.load(tail), e), tail)
+
+        _lanes_then_tail(builder, n, lanes, one)
+        return builder.fadd(hsum(builder, builder.load(total)), builder.load(tail))
 
     return types.float32(row, m), codegen
