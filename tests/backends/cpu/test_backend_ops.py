@@ -111,9 +111,12 @@ def test_paged_attention_of_a_batch(be, window, softcap, dtype, hd):
         np.testing.assert_allclose(out, want, **tol)
 
 
-def test_gated_activations_match_torch(be):
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("shape", [(3, 50), (20, 2050)])  # rows with a tail past the 16 lanes; the threaded path
+def test_gated_activations_match_torch(exact, shape):
     torch = pytest.importorskip("torch")
-    g, u = randn(3, 50), randn(3, 50)
+    be = get_backend("cpu", threads=2, exact=exact)
+    g, u = 4 * randn(*shape), randn(*shape)
     tg, tu = torch.from_numpy(g), torch.from_numpy(u)
     np.testing.assert_allclose(be.silu_mul(g, u), (torch.nn.functional.silu(tg) * tu).numpy(), rtol=1e-5, atol=1e-6)
     gelu = torch.nn.functional.gelu(tg, approximate="tanh") * tu

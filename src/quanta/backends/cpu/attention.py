@@ -134,8 +134,15 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
             hadamard(rotated)
             qrow = rotated
         m = -np.inf
+        # slots block by block, without an integer division per key (numba's floor division: 8 sequences x 160
+        # keys 143 -> 126-139 us, one sequence x 1,024 keys 118 -> 100 us; SmolLM2's shapes, 2 threads, Zen 2)
+        first_block, first_offset = lo // block_size, lo % block_size
+        blk, off = first_block, first_offset
         for j in range(lo, p + 1):
-            slot = table[j // block_size] * block_size + j % block_size
+            if off == block_size:
+                blk, off = blk + 1, 0
+            slot = table[blk] * block_size + off
+            off += 1
             if k_scale is None and is_half(k_cache):
                 acc = dot_row(qrow, k_cache[kh, slot])
             elif k_scale is None:
@@ -153,8 +160,12 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
         o = out[i, h * hd:(h + 1) * hd]
         for d in range(hd):
             o[d] = 0.0
+        blk, off = first_block, first_offset
         for j in range(lo, p + 1):
-            slot = table[j // block_size] * block_size + j % block_size
+            if off == block_size:
+                blk, off = blk + 1, 0
+            slot = table[blk] * block_size + off
+            off += 1
             w = s[j - lo] / total
             if v_scale is None:
                 axpy(o, w, v_cache[kh, slot])

@@ -13,8 +13,9 @@ import types
 import numba
 import numpy as np
 
+from quanta.backends.cpu.kernels.simd import GELU_C, gelu_mul_row, silu_mul_row
+
 _JIT = dict(nogil=True, cache=True)
-GELU_C = math.sqrt(2.0 / math.pi)
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below this, waking the thread pool costs more than it saves
 
 
@@ -59,6 +60,17 @@ def _gelu_mul_flat(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
         out[i] = g * up[i] / (np.float32(1.0) + np.exp(-u))
 
 
+def _gated_mul_rows(gate: np.ndarray, up: np.ndarray, out: np.ndarray, gelu: bool) -> None:
+    """Fast mode's gated activations, row by row (each row's elements take the same path whatever the batch): the
+    exp 16 lanes at a time, within 2 ulp of libm's (numba calls libm once per element: SmolLM2's 8-sequence decode
+    spent 1.7 ms of a 33 ms step in silu_mul)."""
+    for i in numba.prange(gate.shape[0]):
+        if gelu:
+            gelu_mul_row(gate[i], up[i], out[i])
+        else:
+            silu_mul_row(gate[i], up[i], out[i])
+
+
 def _both(fn):
     """(serial, parallel) compilations of one kernel: prange runs as range in the serial one. The parallel
     copy gets its own qualname so numba's disk cache keeps the two apart."""
@@ -67,7 +79,8 @@ def _both(fn):
     return numba.njit(**_JIT)(fn), numba.njit(parallel=True, **_JIT)(par)
 
 
-_RMS, _ROPE, _SILU, _GELU = (_both(f) for f in (_rms_norm_rows, _rope_rows, _silu_mul_flat, _gelu_mul_flat))
+_RMS, _ROPE, _SILU, _GELU, _GATED = (_both(f) for f in (_rms_norm_rows, _rope_rows, _silu_mul_flat, _gelu_mul_flat,
+                                                       _gated_mul_rows))
 
 
 def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
@@ -84,6 +97,11 @@ def silu_mul_flat(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
 
 def gelu_mul_flat(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
     _GELU[gate.size >= PARALLEL_MIN_ELEMENTS](gate, up, out)
+
+
+def gated_mul_rows(gate: np.ndarray, up: np.ndarray, out: np.ndarray, gelu: bool) -> None:
+    """Fast mode's ``silu(gate) * up`` (or ``gelu``'s tanh form) of (n, d) rows into ``out``."""
+    _GATED[gate.size >= PARALLEL_MIN_ELEMENTS](gate, up, out, gelu)
 
 
 @numba.njit(**_JIT)

@@ -326,3 +326,57 @@ def exp_shifted(typingctx, row, m):
         return builder.fadd(hsum(builder, builder.load(total)), builder.load(tail))
 
     return types.float32(row, m), codegen
+
+
+def _gated_intrinsic(name: str, argument):
+    """An intrinsic ``f(gate, up, out)`` for float32 rows of unit stride: ``out[j] = gate[j] * up[j] / (1 +
+    exp(argument(gate[j])))``, the exp ``LANES`` at a time (``_exp_vec``, 2 ulp) and the rest by libm's expf.
+    ``argument(builder, g, const)`` emits the exp's argument for a vector or a scalar ``g``."""
+
+    def typer(typingctx, gate, up, out):
+        return types.none(gate, up, out), codegen
+
+    def codegen(context, builder, signature, args):
+        (gp, n), (up, _), (op, _) = (_row(context, builder, signature.args[j], args[j]) for j in range(3))
+        expf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32]), "llvm.exp.f32")
+
+        def gated(g, u, exp, const):
+            return builder.fdiv(builder.fmul(g, u), builder.fadd(const(1.0), exp(argument(builder, g, const))))
+
+        def lanes(off):
+            const = lambda value: ir.Constant(vec(F32), [value] * LANES)  # noqa: E731
+            y = gated(load_vec(builder, gp, off, F32), load_vec(builder, up, off, F32),
+                      lambda x: _exp_vec(builder, x), const)
+            builder.store(y, builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer()), align=1)
+
+        def one(d):
+            y = gated(builder.load(builder.gep(gp, [d])), builder.load(builder.gep(up, [d])),
+                      lambda x: builder.call(expf, [x]), lambda value: ir.Constant(F32, value))
+            builder.store(y, builder.gep(op, [d]))
+
+        _lanes_then_tail(builder, n, lanes, one)
+        return context.get_dummy_value()
+
+    typer.__name__ = name
+    return intrinsic(typer)
+
+
+GELU_C = 0.7978845608028654  # sqrt(2 / pi)
+
+
+def _minus_tanh_gelu_argument(builder, g, const):
+    """-2u with u = sqrt(2/pi) (g + 0.044715 g^3), clamped to [-80, 80]: 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u))."""
+    def clamp(x, name, bound):
+        t = x.type
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]),
+                                            f"llvm.{name}.v{t.count}f32" if isinstance(t, ir.VectorType) else
+                                            f"llvm.{name}.f32")
+        return builder.call(fn, [x, const(bound)])
+
+    cube = builder.fmul(builder.fmul(builder.fmul(const(0.044715), g), g), g)
+    u = builder.fmul(const(2.0 * GELU_C), builder.fadd(g, cube))
+    return builder.fmul(clamp(clamp(u, "maxnum", -80.0), "minnum", 80.0), const(-1.0))
+
+
+silu_mul_row = _gated_intrinsic("silu_mul_row", lambda builder, g, const: builder.fmul(g, const(-1.0)))
+gelu_mul_row = _gated_intrinsic("gelu_mul_row", _minus_tanh_gelu_argument)
