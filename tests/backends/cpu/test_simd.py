@@ -1,5 +1,6 @@
 """The decode attention's vector helpers against numpy: ``axpy`` (float32 and int8 rows, lengths with a scalar tail,
-rows that are views of larger arrays) and ``exp_shifted`` (Cephes' expf) against float64 exp."""
+rows that are views of larger arrays), the int8 rows' scaled dot and sum (groups with and without a tail past the
+16 lanes) and ``exp_shifted`` (Cephes' expf) against float64 exp."""
 
 from __future__ import annotations
 
@@ -7,12 +8,22 @@ import numba
 import numpy as np
 import pytest
 
-from quanta.backends.cpu.kernels.simd import LANES, axpy, exp_shifted
+from quanta.backends.cpu.kernels.simd import LANES, axpy, exp_shifted, scaled_axpy, scaled_dot_row
 
 
 @numba.njit
 def _axpy(o, w, v):
     axpy(o, w, v)
+
+
+@numba.njit
+def _scaled_dot_row(q, codes, scales):
+    return scaled_dot_row(q, codes, scales)
+
+
+@numba.njit
+def _scaled_axpy(o, w, codes, scales):
+    scaled_axpy(o, w, codes, scales)
 
 
 @numba.njit
@@ -47,3 +58,20 @@ def test_exp_shifted_is_within_two_ulp_lanes_and_tail():
     row = np.full(LANES, -1000.0, np.float32)  # far below the range: tiny, never NaN or negative
     _exp_shifted(row, np.float32(0.0))
     assert np.all((row >= 0) & (row < 1e-37))
+
+
+@pytest.mark.parametrize("groups,size", [(2, 32), (8, 32), (3, 20), (1, 64), (2, 7)])
+def test_scaled_int8_rows_match_float64(groups, size):
+    rng = np.random.default_rng(groups * size)
+    n = groups * size
+    q = rng.standard_normal(n + 3).astype(np.float32)[3:]  # a view past the start of its array
+    codes = rng.integers(-127, 128, n).astype(np.int8)
+    scales = rng.uniform(0.001, 0.05, groups).astype(np.float32)
+    values = codes.astype(np.float64) * np.repeat(scales.astype(np.float64), size)
+    assert _scaled_dot_row(q, codes, scales) == pytest.approx(float(q.astype(np.float64) @ values), rel=1e-5,
+                                                              abs=1e-5)
+    out = rng.standard_normal((2, n)).astype(np.float32)
+    expected = out.astype(np.float64).copy()
+    expected[1] += 0.37 * values
+    _scaled_axpy(out[1], np.float32(0.37), codes, scales)  # only that row changes
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)

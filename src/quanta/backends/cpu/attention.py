@@ -28,7 +28,9 @@ import types
 import numba
 import numpy as np
 
-from quanta.backends.cpu.kernels.simd import axpy, dot_row, exp_shifted, is_half, store_row
+from quanta.backends.cpu.kernels.simd import (
+    axpy, dot_row, exp_shifted, is_half, scaled_axpy, scaled_dot_row, store_row,
+)
 
 QUERY_TILE = 128  # prefill queries per score matrix
 
@@ -83,33 +85,6 @@ def write_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
             _store(v[i, h], v_cache, v_scale, h, slots[i], row)
 
 
-@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def _scaled_dot(x: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> np.float32:
-    """x · the int8 row ``codes`` (one scale per group of ``len(codes) / len(scales)``). Groups of 32 run as a
-    fixed-length loop (vectorised: 2.1x faster than a loop of the group's computed length at 4,096 keys)."""
-    acc = np.float32(0.0)
-    g = codes.size // scales.size
-    for c in range(scales.size):
-        part = np.float32(0.0)
-        base = c * g
-        if g == 32:
-            for d in range(32):
-                part += x[base + d] * np.float32(codes[base + d])
-        else:
-            for d in range(base, base + g):
-                part += x[d] * np.float32(codes[d])
-        acc += part * scales[c]
-    return acc
-
-
-@numba.njit(nogil=True, cache=True)
-def _scaled_add(o: np.ndarray, w: np.float32, codes: np.ndarray, scales: np.ndarray) -> None:
-    """o += w · the int8 row ``codes`` (scaled per group, as ``_scaled_dot``)."""
-    g = codes.size // scales.size
-    for c in range(scales.size):
-        axpy(o[c * g:(c + 1) * g], w * scales[c], codes[c * g:(c + 1) * g])
-
-
 @numba.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract"})  # vectorised dot products
 def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
                      v_scale: np.ndarray | None, rows: np.ndarray, positions: np.ndarray, token_seq: np.ndarray,
@@ -150,7 +125,7 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
                 for d in range(hd):
                     acc += qrow[d] * k_cache[kh, slot, d]
             else:
-                acc = _scaled_dot(qrow, k_cache[kh, slot], k_scale[kh, slot])
+                acc = scaled_dot_row(qrow, k_cache[kh, slot], k_scale[kh, slot])
             acc *= np.float32(scale)
             if softcap > 0:
                 acc = np.float32(softcap * math.tanh(acc / softcap))
@@ -170,7 +145,7 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
             if v_scale is None:
                 axpy(o, w, v_cache[kh, slot])
             else:
-                _scaled_add(o, w, v_cache[kh, slot], v_scale[kh, slot])
+                scaled_axpy(o, w, v_cache[kh, slot], v_scale[kh, slot])
         if v_scale is not None:
             hadamard(o)  # back from the values' rotation
 

@@ -27,6 +27,7 @@ from quanta.gguf import TensorInfo
 
 SERIAL_ATTENTION_MAX_MACS = 1 << 18  # below this much work the decode attention runs on the calling thread alone
 BLAS_ATTENTION_MIN_ROWS = 8  # from this many queries on, sgemm over the score matrix beats the numba kernel
+MAX_BUFFER_VIEWS = 4096  # scratch views kept (``CPUBackend.buffer``)
 
 load_without_refresh(_attention, _ops, _rows, _gemm_q8)
 
@@ -49,6 +50,7 @@ class CPUBackend(Backend):
         self.threads = threads or available_cores()
         self.set_threads(self.threads)
         self._buffers: dict[str, np.ndarray] = {}
+        self._views: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
         self._scratch = np.zeros((0, 0), np.float32)  # per-thread score rows of the attention kernel
         self._rows = np.zeros(0, np.int32)
         self._plan: _qmatmul.RowPlan | None = None  # prefill and decode rows of the forward metadata() described last
@@ -126,11 +128,20 @@ class CPUBackend(Backend):
         return self._rows[:n]
 
     def buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """The scratch array ``name`` viewed as ``shape``; the view is kept, so that a decode step's ~10 requests a
+        layer cost one dict lookup each (SmolLM2: ~300 a step)."""
+        view = self._views.get((name, shape))
+        if view is not None:
+            return view
         size = math.prod(shape)
         buf = self._buffers.get(name)
         if buf is None or buf.size < size:
             buf = self._buffers[name] = np.empty(size, np.float32)
-        return buf[:size].reshape(shape)
+            self._views = {key: v for key, v in self._views.items() if key[0] != name}  # views of the old array
+        if len(self._views) >= MAX_BUFFER_VIEWS:  # prompts of ever new lengths
+            self._views.clear()
+        view = self._views[name, shape] = buf[:size].reshape(shape)
+        return view
 
     # ---- ops -------------------------------------------------------------------------------------------------
     def matmul(self, x: np.ndarray, w: _qmatmul.QWeight, *, out: np.ndarray | None = None,

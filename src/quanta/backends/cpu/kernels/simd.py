@@ -230,6 +230,95 @@ def dot_row(typingctx, q, k):
     return types.float32(q, k), codegen
 
 
+def _groups(context, builder, signature, args, codes_at: int, group_step) -> None:
+    """``group_step(c, base, g, scale)`` for each group c of an int8 row (argument ``codes_at``) and its float32
+    scales (the next argument): ``g = len(codes) // len(scales)`` values from ``base``."""
+    (_, n), (sp, groups) = (_row(context, builder, signature.args[j], args[j]) for j in (codes_at, codes_at + 1))
+    g = builder.sdiv(n, groups)
+    with cgutils.for_range(builder, groups) as loop:
+        group_step(builder.mul(loop.index, g), g, builder.load(builder.gep(sp, [loop.index])))
+
+
+def _group_lanes(builder, base, g, vector_step, scalar_step) -> None:
+    """``_lanes_then_tail`` over the ``g`` values of a group starting at ``base``."""
+    lanes = ir.Constant(g.type, LANES)
+    whole = builder.mul(builder.sdiv(g, lanes), lanes)
+    with cgutils.for_range(builder, builder.sdiv(g, lanes)) as loop:
+        vector_step(builder.add(base, builder.mul(loop.index, lanes)))
+    with cgutils.for_range_slice(builder, builder.add(base, whole), builder.add(base, g), ir.Constant(g.type, 1)) \
+            as (d, _):
+        scalar_step(d)
+
+
+@intrinsic
+def scaled_dot_row(typingctx, q, codes, scales):
+    """``q · (codes * scales)`` for a float32 row ``q`` and an int8 row ``codes`` with one float32 scale per group
+    of ``len(codes) / len(scales)`` values (a decode attention's score against an int8 key): each group's products
+    summed in vectors and scaled, one horizontal sum at the end."""
+
+    def codegen(context, builder, signature, args):
+        qp, _ = _row(context, builder, q, args[0])
+        cp, _ = _row(context, builder, codes, args[1])
+        total = cgutils.alloca_once_value(builder, zeros())
+        tail = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+
+        def group(base, g, scale):
+            acc = cgutils.alloca_once_value(builder, zeros())
+            part = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+
+            def lanes(off):
+                x = builder.sitofp(load_vec(builder, cp, off, I8), vec(F32))
+                builder.store(fma(builder, load_vec(builder, qp, off, F32), x, builder.load(acc)), acc)
+
+            def one(d):
+                x = builder.sitofp(builder.load(builder.gep(cp, [d])), F32)
+                builder.store(builder.fadd(builder.load(part), builder.fmul(builder.load(builder.gep(qp, [d])), x)),
+                              part)
+
+            builder.store(zeros(), acc)
+            builder.store(ir.Constant(F32, 0.0), part)
+            _group_lanes(builder, base, g, lanes, one)
+            builder.store(fma(builder, builder.load(acc), splat(builder, scale), builder.load(total)), total)
+            builder.store(builder.fadd(builder.load(tail), builder.fmul(builder.load(part), scale)), tail)
+
+        _groups(context, builder, signature, args, 1, group)
+        return builder.fadd(hsum(builder, builder.load(total)), builder.load(tail))
+
+    return types.float32(q, codes, scales), codegen
+
+
+@intrinsic
+def scaled_axpy(typingctx, o, w, codes, scales):
+    """``o[:] += w * codes[:] * scales[group]`` for a float32 row ``o`` and an int8 row ``codes`` with one float32
+    scale per group (a decode attention's weighted sum of int8 values)."""
+
+    def codegen(context, builder, signature, args):
+        op, _ = _row(context, builder, o, args[0])
+        cp, _ = _row(context, builder, codes, args[2])
+        w = context.cast(builder, args[1], signature.args[1], types.float32)
+
+        def group(base, g, scale):
+            ws = builder.fmul(w, scale)
+            weight = splat(builder, ws)
+
+            def lanes(off):
+                target = builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer())
+                x = builder.sitofp(load_vec(builder, cp, off, I8), vec(F32))
+                builder.store(fma(builder, weight, x, builder.load(target, align=1)), target, align=1)
+
+            def one(d):
+                target = builder.gep(op, [d])
+                x = builder.sitofp(builder.load(builder.gep(cp, [d])), F32)
+                builder.store(builder.fadd(builder.load(target), builder.fmul(ws, x)), target)
+
+            _group_lanes(builder, base, g, lanes, one)
+
+        _groups(context, builder, signature, args, 2, group)
+        return context.get_dummy_value()
+
+    return types.none(o, w, codes, scales), codegen
+
+
 @intrinsic
 def store_row(typingctx, dst, src):
     """``dst[:] = src[:]`` for a float32 row ``src`` into a float32 row or an f16 one (uint16 bits, rounded to
