@@ -287,3 +287,20 @@ def test_the_gate_follows_the_measured_cost_with_steps_queued_ahead(pair, monkey
     assert verifies <= 4 if verify_ticks else verifies >= 8
     assert waits[0] <= verifies + 3 * 4  # a step waits to verify drafts, rarely for a lookup that finds none
     assert engine.blocks.n_used == 0
+
+
+def test_a_verify_step_is_never_left_queued_ahead(pair, monkeypatch):
+    """The gate's early answer (``wants_to_draft``, asked before the step's drafts are looked up) may say no draft
+    comes while the lookup then finds one (it prices the match it finds, the early answer the match of its shadow
+    draft): such a verify step is still read before the next step is scheduled (it was left queued ahead, and the
+    next step ran from a context two tokens short: a crash on the GPU)."""
+    plain, spec = pair
+    answers = itertools.count()
+    monkeypatch.setattr(NgramDrafter, "wants_to_draft", lambda self: next(answers) % 3 == 0)
+    monkeypatch.setattr(spec.engine, "asynchronous", True)
+    kw = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    want = [r.token_ids for r in plain.generate(REPETITIVE[:3], **kw)]
+    got = [spec.generate(p, **kw) for p in REPETITIVE[:3]]
+    assert [r.token_ids for r in got] == want
+    assert sum(r.stats.verify_steps for r in got) >= 6
+    assert spec.engine.blocks.n_used == 0

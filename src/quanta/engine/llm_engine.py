@@ -127,8 +127,10 @@ class LLMEngine:
         previous step's tokens are read (its inputs come from those tokens on the device): the host's work overlaps
         the device's. A request that stops (end-of-generation token, stop string) is then found one step late; the
         extra step's token is dropped. A step in which a gate drafts waits for the tokens (drafts are looked up in
-        them). A step with constrained rows queues its argmax only after the previous step's tokens have advanced
-        the grammars: their masks are made while its forward runs."""
+        them), and a step that verifies drafts is read before the next one is scheduled, even where the gates'
+        early answer (``_drafting``) said no draft would come: its accepted tokens are the next step's inputs. A
+        step with constrained rows queues its argmax only after the previous step's tokens have advanced the
+        grammars: their masks are made while its forward runs."""
         started = self.clock()
         outputs = [self._finished(seq) for seq in self._ended]
         self._ended.clear()
@@ -137,6 +139,7 @@ class LLMEngine:
             outputs += self._complete(self._inflight)
             self._inflight = None
         batch = self.scheduler.schedule()
+        overlap = overlap and not any(seq.draft for seq in batch.seqs)
         launched = self._launch(batch, started) if batch.seqs else None
         if self._inflight is not None:
             outputs += self._complete(self._inflight)
