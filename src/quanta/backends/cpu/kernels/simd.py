@@ -231,8 +231,8 @@ def dot_row(typingctx, q, k):
 
 
 def _groups(context, builder, signature, args, codes_at: int, group_step) -> None:
-    """``group_step(c, base, g, scale)`` for each group c of an int8 row (argument ``codes_at``) and its float32
-    scales (the next argument): ``g = len(codes) // len(scales)`` values from ``base``."""
+    """``group_step(base, g, scale)`` for each group of an int8 row (argument ``codes_at``) and its float32 scales
+    (the next argument): the ``g = len(codes) // len(scales)`` values from ``base``, and their scale."""
     (_, n), (sp, groups) = (_row(context, builder, signature.args[j], args[j]) for j in (codes_at, codes_at + 1))
     g = builder.sdiv(n, groups)
     with cgutils.for_range(builder, groups) as loop:
@@ -262,7 +262,7 @@ def scaled_dot_row(typingctx, q, codes, scales):
         total = cgutils.alloca_once_value(builder, zeros())
         tail = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
 
-        def group(base, g, scale):
+        def group(base, g, scale):  # the group's sums start at zero (stored here, in the loop)
             acc = cgutils.alloca_once_value(builder, zeros())
             part = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
 
@@ -275,8 +275,6 @@ def scaled_dot_row(typingctx, q, codes, scales):
                 builder.store(builder.fadd(builder.load(part), builder.fmul(builder.load(builder.gep(qp, [d])), x)),
                               part)
 
-            builder.store(zeros(), acc)
-            builder.store(ir.Constant(F32, 0.0), part)
             _group_lanes(builder, base, g, lanes, one)
             builder.store(fma(builder, builder.load(acc), splat(builder, scale), builder.load(total)), total)
             builder.store(builder.fadd(builder.load(tail), builder.fmul(builder.load(part), scale)), tail)
