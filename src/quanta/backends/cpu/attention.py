@@ -1,7 +1,7 @@
 """Causal GQA attention over the paged KV pool, with sliding window and score soft-capping (numba and BLAS).
 
 Pool layout per layer: K and V of (n_kv_heads, n_slots, head_dim), float32, f16 (as uint16 bits: numba has no
-float16 arrays; converted by the ``simd`` row helpers) or int8 codes with a float32 scale per (slot, head)
+float16 arrays; converted by the ``vector_rows`` helpers) or int8 codes with a float32 scale per (slot, head)
 (``k_scale``/``v_scale``; None otherwise: numba compiles those cases without them); position p of a
 sequence sits at slot ``table[p // B] * B + p % B`` (B = block size).
 
@@ -28,7 +28,7 @@ import types
 import numba
 import numpy as np
 
-from quanta.backends.cpu.kernels.simd import (
+from quanta.backends.cpu.kernels.vector_rows import (
     axpy, dot_row, exp_shifted, is_half, scaled_axpy, scaled_dot_row, store_row,
 )
 

@@ -13,7 +13,7 @@ import types
 import numba
 import numpy as np
 
-from quanta.backends.cpu.kernels.simd import GELU_C, gelu_mul_row, silu_mul_row
+from quanta.backends.cpu.kernels.vector_rows import GELU_C, gelu_mul_row, silu_mul_row
 
 _JIT = dict(nogil=True, cache=True)
 PARALLEL_MIN_ELEMENTS = 1 << 15  # below this, waking the thread pool costs more than it saves

@@ -8,7 +8,7 @@ import numba
 import numpy as np
 import pytest
 
-from quanta.backends.cpu.kernels.simd import LANES, axpy, exp_shifted, scaled_axpy, scaled_dot_row
+from quanta.backends.cpu.kernels.vector_rows import LANES, axpy, exp_shifted, scaled_axpy, scaled_dot_row
 
 
 @numba.njit
