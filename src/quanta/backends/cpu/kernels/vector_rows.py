@@ -35,13 +35,15 @@ def _as_f32(builder, x, dtype):
 _ROW_ELEMENTS = {types.float32: F32, types.int8: I8, types.uint16: I16}
 
 
-def _lanes_then_tail(builder, n, vector_step, scalar_step) -> None:
-    """``vector_step(offset)`` for each ``LANES`` elements of ``n``, then ``scalar_step(index)`` for the rest."""
+def _lanes_then_tail(builder, n, vector_step, scalar_step, start=None) -> None:
+    """``vector_step(offset)`` for each ``LANES`` of the ``n`` elements from index ``start`` (0), then
+    ``scalar_step(index)`` for the rest."""
     lanes = ir.Constant(n.type, LANES)
+    start = start if start is not None else ir.Constant(n.type, 0)
     with cgutils.for_range(builder, builder.sdiv(n, lanes)) as loop:
-        vector_step(builder.mul(loop.index, lanes))
-    with cgutils.for_range_slice(builder, builder.mul(builder.sdiv(n, lanes), lanes), n, ir.Constant(n.type, 1)) \
-            as (d, _):
+        vector_step(builder.add(start, builder.mul(loop.index, lanes)))
+    whole = builder.add(start, builder.mul(builder.sdiv(n, lanes), lanes))
+    with cgutils.for_range_slice(builder, whole, builder.add(start, n), ir.Constant(n.type, 1)) as (d, _):
         scalar_step(d)
 
 
@@ -108,17 +110,6 @@ def _groups(context, builder, signature, args, codes_at: int, group_step) -> Non
         group_step(builder.mul(loop.index, g), g, builder.load(builder.gep(sp, [loop.index])))
 
 
-def _group_lanes(builder, base, g, vector_step, scalar_step) -> None:
-    """``_lanes_then_tail`` over the ``g`` values of a group starting at ``base``."""
-    lanes = ir.Constant(g.type, LANES)
-    whole = builder.mul(builder.sdiv(g, lanes), lanes)
-    with cgutils.for_range(builder, builder.sdiv(g, lanes)) as loop:
-        vector_step(builder.add(base, builder.mul(loop.index, lanes)))
-    with cgutils.for_range_slice(builder, builder.add(base, whole), builder.add(base, g), ir.Constant(g.type, 1)) \
-            as (d, _):
-        scalar_step(d)
-
-
 @intrinsic
 def scaled_dot_row(typingctx, q, codes, scales):
     """``q · (codes * scales)`` for a float32 row ``q`` and an int8 row ``codes`` with one float32 scale per group
@@ -144,7 +135,7 @@ def scaled_dot_row(typingctx, q, codes, scales):
                 builder.store(builder.fadd(builder.load(part), builder.fmul(builder.load(builder.gep(qp, [d])), x)),
                               part)
 
-            _group_lanes(builder, base, g, lanes, one)
+            _lanes_then_tail(builder, g, lanes, one, base)
             builder.store(fma(builder, builder.load(acc), splat(builder, scale), builder.load(total)), total)
             builder.store(builder.fadd(builder.load(tail), builder.fmul(builder.load(part), scale)), tail)
 
@@ -178,7 +169,7 @@ def scaled_axpy(typingctx, o, w, codes, scales):
                 x = builder.sitofp(builder.load(builder.gep(cp, [d])), F32)
                 builder.store(builder.fadd(builder.load(target), builder.fmul(ws, x)), target)
 
-            _group_lanes(builder, base, g, lanes, one)
+            _lanes_then_tail(builder, g, lanes, one, base)
 
         _groups(context, builder, signature, args, 2, group)
         return context.get_dummy_value()
