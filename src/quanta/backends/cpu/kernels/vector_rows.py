@@ -127,11 +127,11 @@ def scaled_dot_row(typingctx, q, codes, scales):
             part = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
 
             def lanes(off):
-                x = builder.sitofp(load_vec(builder, cp, off, I8), vec(F32))
+                x = _as_f32(builder, load_vec(builder, cp, off, I8), types.int8)
                 builder.store(fma(builder, load_vec(builder, qp, off, F32), x, builder.load(acc)), acc)
 
             def one(d):
-                x = builder.sitofp(builder.load(builder.gep(cp, [d])), F32)
+                x = _as_f32(builder, builder.load(builder.gep(cp, [d])), types.int8)
                 builder.store(builder.fadd(builder.load(part), builder.fmul(builder.load(builder.gep(qp, [d])), x)),
                               part)
 
@@ -161,12 +161,12 @@ def scaled_axpy(typingctx, o, w, codes, scales):
 
             def lanes(off):
                 target = builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer())
-                x = builder.sitofp(load_vec(builder, cp, off, I8), vec(F32))
+                x = _as_f32(builder, load_vec(builder, cp, off, I8), types.int8)
                 builder.store(fma(builder, weight, x, builder.load(target, align=1)), target, align=1)
 
             def one(d):
                 target = builder.gep(op, [d])
-                x = builder.sitofp(builder.load(builder.gep(cp, [d])), F32)
+                x = _as_f32(builder, builder.load(builder.gep(cp, [d])), types.int8)
                 builder.store(builder.fadd(builder.load(target), builder.fmul(ws, x)), target)
 
             _lanes_then_tail(builder, g, lanes, one, base)
