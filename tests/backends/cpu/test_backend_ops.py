@@ -85,7 +85,7 @@ def attention_reference(q, k_all, v_all, pos, scale, window, softcap):
     return out.reshape(n, h * hd)
 
 
-@pytest.mark.parametrize("dtype,hd", [("f32", 16), ("f16", 16), ("f16", 24), ("q8", 16), ("q8", 64)])
+@pytest.mark.parametrize("dtype,hd", [("f32", 16), ("f16", 16), ("f16", 24), ("f16", 64), ("q8", 16), ("q8", 64)])
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (5, 0.0), (0, 20.0)])
 def test_paged_attention_of_a_batch(be, window, softcap, dtype, hd):
     """Two sequences on scattered blocks of a shared pool: a 9-token prefill (BLAS path) next to a 3-token one

@@ -12,8 +12,9 @@ far less (exact mode, 2 x 1,024 tokens of real text, teacher-forced top-1 agreem
 scale per head, 98.0% with one per 64 values, above 98% with one per 32; docs/PERF.md). Scores need no un-rotation (q·k = qH·kH, so the query is rotated once), and the weighted sum of rotated
 values is rotated back once per query and head. The new tokens' K/V are written at their slots first. Few queries
 of a sequence (decode): a numba kernel where each (token, head) pair computes its scores into a per-thread scratch
-row, a float32 softmax (exp 16 lanes at a time) and the weighted sum of V (explicit vectors: numba leaves that
-loop scalar), reading keys through the block table. Many (a prefill chunk): the
+row, a float32 softmax (exp 16 lanes at a time) and the weighted sum of V, reading keys through the block table:
+with the default f16 cache a paged block's run of slots at a time (``key_runs``: four keys per step, the output
+held in registers; the next block's keys asked for ahead), a key at a time for the float32 and int8 caches. Many (a prefill chunk): the
 same formula with BLAS over each kv head's score matrix, on the sequence's keys gathered once per layer (a view when
 its blocks are consecutive). Both are the textbook formula of HF's eager attention; tests compare them with a
 naive numpy version. Every (token, head) pair is computed on its own, so a token's output does not depend on the
@@ -28,8 +29,9 @@ import types
 import numba
 import numpy as np
 
+from quanta.backends.cpu.kernels.key_runs import add_weighted_run, prefetch_run, scores_of_run
 from quanta.backends.cpu.kernels.vector_rows import (
-    axpy, dot_row, exp_shifted, is_half, scaled_axpy, scaled_dot_row, store_row,
+    axpy, exp_shifted, is_half, scaled_axpy, scaled_dot_row, store_row,
 )
 
 QUERY_TILE = 128  # prefill queries per score matrix
@@ -85,6 +87,82 @@ def write_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
             _store(v[i, h], v_cache, v_scale, h, slots[i], row)
 
 
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _attend_runs(qrow: np.ndarray, keys: np.ndarray, values: np.ndarray, table: np.ndarray, block_size: int, lo: int,
+                 p: int, scale: float, softcap: float, s: np.ndarray, o: np.ndarray) -> None:
+    """One query row's attention over positions lo..p of its KV head (``keys``, ``values``: the head's (slots, hd)
+    f16 pool rows) into ``o``: a paged block's run of slots at a time (``key_runs``); ``s``: score scratch."""
+    m = -np.inf
+    j = lo
+    while j <= p:  # one run per paged block; the next block's keys and this one's values asked for ahead
+        blk = j // block_size
+        first, count = table[blk] * block_size + j - blk * block_size, min((blk + 1) * block_size, p + 1) - j
+        if j + count <= p:
+            after = table[blk + 1] * block_size
+            prefetch_run(keys[after:after + min(block_size, p + 1 - j - count)])
+        prefetch_run(values[first:first + count])
+        m = max(m, scores_of_run(s[j - lo:j - lo + count], qrow, keys[first:first + count], np.float32(scale)))
+        j += count
+    n = p + 1 - lo
+    if softcap > 0:
+        m = -np.inf
+        for t in range(n):
+            s[t] = np.float32(softcap * math.tanh(s[t] / softcap))
+            m = max(m, s[t])
+    inv = np.float32(1.0) / exp_shifted(s[:n], m)
+    for t in range(n):
+        s[t] *= inv
+    o[:] = 0.0
+    j = lo
+    while j <= p:
+        blk = j // block_size
+        first, count = table[blk] * block_size + j - blk * block_size, min((blk + 1) * block_size, p + 1) - j
+        add_weighted_run(o, s[j - lo:j - lo + count], values[first:first + count])
+        j += count
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _attend_keys(qrow: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
+                 v_scale: np.ndarray | None, kh: int, table: np.ndarray, block_size: int, lo: int, p: int,
+                 scale: float, softcap: float, s: np.ndarray, o: np.ndarray) -> None:
+    """The same, a key at a time: the float32 cache (exact mode) and the int8 one (scales per slot and group)."""
+    m = -np.inf
+    # slots block by block, without an integer division per key (numba's floor division: 8 sequences x 160
+    # keys 143 -> 126-139 us, one sequence x 1,024 keys 118 -> 100 us; SmolLM2's shapes, 2 threads, Zen 2)
+    first_block, first_offset = lo // block_size, lo % block_size
+    blk, off = first_block, first_offset
+    for j in range(lo, p + 1):
+        if off == block_size:
+            blk, off = blk + 1, 0
+        slot = table[blk] * block_size + off
+        off += 1
+        if k_scale is None:
+            acc = np.float32(0.0)
+            for d in range(qrow.size):
+                acc += qrow[d] * k_cache[kh, slot, d]
+        else:
+            acc = scaled_dot_row(qrow, k_cache[kh, slot], k_scale[kh, slot])
+        acc *= np.float32(scale)
+        if softcap > 0:
+            acc = np.float32(softcap * math.tanh(acc / softcap))
+        s[j - lo] = acc
+        m = max(m, acc)
+    total = exp_shifted(s[:p + 1 - lo], m)
+    for d in range(qrow.size):
+        o[d] = 0.0
+    blk, off = first_block, first_offset
+    for j in range(lo, p + 1):
+        if off == block_size:
+            blk, off = blk + 1, 0
+        slot = table[blk] * block_size + off
+        off += 1
+        w = s[j - lo] / total
+        if v_scale is None:
+            axpy(o, w, v_cache[kh, slot])
+        else:
+            scaled_axpy(o, w, v_cache[kh, slot], v_scale[kh, slot])
+
+
 @numba.njit(parallel=True, nogil=True, cache=True, fastmath={"reassoc", "contract"})  # vectorised dot products
 def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
                      v_scale: np.ndarray | None, rows: np.ndarray, positions: np.ndarray, token_seq: np.ndarray,
@@ -101,51 +179,16 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
         table = block_tables[token_seq[i]]
         lo = max(0, p - window + 1) if window > 0 else 0
         s = scratch[numba.get_thread_id()]
+        o = out[i, h * hd:(h + 1) * hd]
+        if k_scale is None and is_half(k_cache):  # the default mode's f16 cache: a paged block's slots at a time
+            _attend_runs(q[i, h], k_cache[kh], v_cache[kh], table, block_size, lo, p, scale, softcap, s, o)
+            continue
         qrow = q[i, h]
         if k_scale is not None:  # the keys are stored rotated
-            rotated = q_rows[numba.get_thread_id()]
-            for d in range(hd):
-                rotated[d] = qrow[d]
-            hadamard(rotated)
-            qrow = rotated
-        m = -np.inf
-        # slots block by block, without an integer division per key (numba's floor division: 8 sequences x 160
-        # keys 143 -> 126-139 us, one sequence x 1,024 keys 118 -> 100 us; SmolLM2's shapes, 2 threads, Zen 2)
-        first_block, first_offset = lo // block_size, lo % block_size
-        blk, off = first_block, first_offset
-        for j in range(lo, p + 1):
-            if off == block_size:
-                blk, off = blk + 1, 0
-            slot = table[blk] * block_size + off
-            off += 1
-            if k_scale is None and is_half(k_cache):
-                acc = dot_row(qrow, k_cache[kh, slot])
-            elif k_scale is None:
-                acc = np.float32(0.0)
-                for d in range(hd):
-                    acc += qrow[d] * k_cache[kh, slot, d]
-            else:
-                acc = scaled_dot_row(qrow, k_cache[kh, slot], k_scale[kh, slot])
-            acc *= np.float32(scale)
-            if softcap > 0:
-                acc = np.float32(softcap * math.tanh(acc / softcap))
-            s[j - lo] = acc
-            m = max(m, acc)
-        total = exp_shifted(s[:p + 1 - lo], m)
-        o = out[i, h * hd:(h + 1) * hd]
-        for d in range(hd):
-            o[d] = 0.0
-        blk, off = first_block, first_offset
-        for j in range(lo, p + 1):
-            if off == block_size:
-                blk, off = blk + 1, 0
-            slot = table[blk] * block_size + off
-            off += 1
-            w = s[j - lo] / total
-            if v_scale is None:
-                axpy(o, w, v_cache[kh, slot])
-            else:
-                scaled_axpy(o, w, v_cache[kh, slot], v_scale[kh, slot])
+            qrow = q_rows[numba.get_thread_id()]
+            qrow[:] = q[i, h]
+            hadamard(qrow)
+        _attend_keys(qrow, k_cache, v_cache, k_scale, v_scale, kh, table, block_size, lo, p, scale, softcap, s, o)
         if v_scale is not None:
             hadamard(o)  # back from the values' rotation
 

@@ -16,13 +16,13 @@ from numba.extending import intrinsic
 from quanta.backends.cpu.kernels.simd import F32, HALF, I8, I16, I32, LANES, fma, hsum, load_vec, splat, vec, zeros
 
 
-def _row(context, builder, ty, value):
+def row_of(context, builder, ty, value):
     """(data pointer, length) of a unit-stride 1-D array argument."""
     arr = context.make_array(ty)(context, builder, value)
     return arr.data, cgutils.unpack_tuple(builder, arr.shape)[0]
 
 
-def _as_f32(builder, x, dtype):
+def as_f32(builder, x, dtype):
     """A loaded element or <LANES> vector of float32, int8 codes or f16 bits (uint16) as float32."""
     if dtype == types.float32:
         return x
@@ -55,18 +55,18 @@ def axpy(typingctx, o, w, v):
     elt = _ROW_ELEMENTS[v.dtype]
 
     def codegen(context, builder, signature, args):
-        (op, n), (vp, _) = _row(context, builder, o, args[0]), _row(context, builder, v, args[2])
+        (op, n), (vp, _) = row_of(context, builder, o, args[0]), row_of(context, builder, v, args[2])
         w = context.cast(builder, args[1], signature.args[1], types.float32)
         weight = splat(builder, w)
 
         def lanes(off):
             target = builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer())
-            x = _as_f32(builder, load_vec(builder, vp, off, elt), v.dtype)
+            x = as_f32(builder, load_vec(builder, vp, off, elt), v.dtype)
             builder.store(fma(builder, weight, x, builder.load(target, align=1)), target, align=1)
 
         def one(d):
             target = builder.gep(op, [d])
-            x = _as_f32(builder, builder.load(builder.gep(vp, [d])), v.dtype)
+            x = as_f32(builder, builder.load(builder.gep(vp, [d])), v.dtype)
             builder.store(builder.fadd(builder.load(target), builder.fmul(w, x)), target)
 
         _lanes_then_tail(builder, n, lanes, one)
@@ -82,16 +82,16 @@ def dot_row(typingctx, q, k):
     elt = _ROW_ELEMENTS[k.dtype]
 
     def codegen(context, builder, signature, args):
-        (qp, n), (kp, _) = _row(context, builder, q, args[0]), _row(context, builder, k, args[1])
+        (qp, n), (kp, _) = row_of(context, builder, q, args[0]), row_of(context, builder, k, args[1])
         acc = cgutils.alloca_once_value(builder, zeros())
         tail = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
 
         def lanes(off):
-            x = _as_f32(builder, load_vec(builder, kp, off, elt), k.dtype)
+            x = as_f32(builder, load_vec(builder, kp, off, elt), k.dtype)
             builder.store(fma(builder, load_vec(builder, qp, off, F32), x, builder.load(acc)), acc)
 
         def one(d):
-            x = _as_f32(builder, builder.load(builder.gep(kp, [d])), k.dtype)
+            x = as_f32(builder, builder.load(builder.gep(kp, [d])), k.dtype)
             builder.store(builder.fadd(builder.load(tail), builder.fmul(builder.load(builder.gep(qp, [d])), x)),
                           tail)
 
@@ -104,7 +104,7 @@ def dot_row(typingctx, q, k):
 def _groups(context, builder, signature, args, codes_at: int, group_step) -> None:
     """``group_step(base, g, scale)`` for each group of an int8 row (argument ``codes_at``) and its float32 scales
     (the next argument): the ``g = len(codes) // len(scales)`` values from ``base``, and their scale."""
-    (_, n), (sp, groups) = (_row(context, builder, signature.args[j], args[j]) for j in (codes_at, codes_at + 1))
+    (_, n), (sp, groups) = (row_of(context, builder, signature.args[j], args[j]) for j in (codes_at, codes_at + 1))
     g = builder.sdiv(n, groups)
     with cgutils.for_range(builder, groups) as loop:
         group_step(builder.mul(loop.index, g), g, builder.load(builder.gep(sp, [loop.index])))
@@ -117,8 +117,8 @@ def scaled_dot_row(typingctx, q, codes, scales):
     summed in vectors and scaled, one horizontal sum at the end."""
 
     def codegen(context, builder, signature, args):
-        qp, _ = _row(context, builder, q, args[0])
-        cp, _ = _row(context, builder, codes, args[1])
+        qp, _ = row_of(context, builder, q, args[0])
+        cp, _ = row_of(context, builder, codes, args[1])
         total = cgutils.alloca_once_value(builder, zeros())
         tail = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
 
@@ -127,11 +127,11 @@ def scaled_dot_row(typingctx, q, codes, scales):
             part = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
 
             def lanes(off):
-                x = _as_f32(builder, load_vec(builder, cp, off, I8), types.int8)
+                x = as_f32(builder, load_vec(builder, cp, off, I8), types.int8)
                 builder.store(fma(builder, load_vec(builder, qp, off, F32), x, builder.load(acc)), acc)
 
             def one(d):
-                x = _as_f32(builder, builder.load(builder.gep(cp, [d])), types.int8)
+                x = as_f32(builder, builder.load(builder.gep(cp, [d])), types.int8)
                 builder.store(builder.fadd(builder.load(part), builder.fmul(builder.load(builder.gep(qp, [d])), x)),
                               part)
 
@@ -151,8 +151,8 @@ def scaled_axpy(typingctx, o, w, codes, scales):
     scale per group (a decode attention's weighted sum of int8 values)."""
 
     def codegen(context, builder, signature, args):
-        op, _ = _row(context, builder, o, args[0])
-        cp, _ = _row(context, builder, codes, args[2])
+        op, _ = row_of(context, builder, o, args[0])
+        cp, _ = row_of(context, builder, codes, args[2])
         w = context.cast(builder, args[1], signature.args[1], types.float32)
 
         def group(base, g, scale):
@@ -161,12 +161,12 @@ def scaled_axpy(typingctx, o, w, codes, scales):
 
             def lanes(off):
                 target = builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer())
-                x = _as_f32(builder, load_vec(builder, cp, off, I8), types.int8)
+                x = as_f32(builder, load_vec(builder, cp, off, I8), types.int8)
                 builder.store(fma(builder, weight, x, builder.load(target, align=1)), target, align=1)
 
             def one(d):
                 target = builder.gep(op, [d])
-                x = _as_f32(builder, builder.load(builder.gep(cp, [d])), types.int8)
+                x = as_f32(builder, builder.load(builder.gep(cp, [d])), types.int8)
                 builder.store(builder.fadd(builder.load(target), builder.fmul(ws, x)), target)
 
             _lanes_then_tail(builder, g, lanes, one, base)
@@ -191,7 +191,7 @@ def store_row(typingctx, dst, src):
         return x
 
     def codegen(context, builder, signature, args):
-        (dp, n), (sp, _) = _row(context, builder, dst, args[0]), _row(context, builder, src, args[1])
+        (dp, n), (sp, _) = row_of(context, builder, dst, args[0]), row_of(context, builder, src, args[1])
 
         def lanes(off):
             x = convert(builder, load_vec(builder, sp, off, F32), LANES)
@@ -250,7 +250,7 @@ def exp_shifted(typingctx, row, m):
     expf); returns the sum (a softmax's numerator and denominator)."""
 
     def codegen(context, builder, signature, args):
-        rp, n = _row(context, builder, row, args[0])
+        rp, n = row_of(context, builder, row, args[0])
         m = context.cast(builder, args[1], signature.args[1], types.float32)
         shift = splat(builder, m)
         total = cgutils.alloca_once_value(builder, zeros())
@@ -284,7 +284,7 @@ def _gated_intrinsic(name: str, argument):
         return types.none(gate, up, out), codegen
 
     def codegen(context, builder, signature, args):
-        (gp, n), (up, _), (op, _) = (_row(context, builder, signature.args[j], args[j]) for j in range(3))
+        (gp, n), (up, _), (op, _) = (row_of(context, builder, signature.args[j], args[j]) for j in range(3))
         expf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32]), "llvm.exp.f32")
 
         def gated(g, u, exp, const):
