@@ -22,6 +22,13 @@ KEYS_PER_STEP = 4  # keys (or values) per iteration: independent sums in flight
 _ELEMENTS = {types.float32: F32, types.uint16: I16, types.int8: I8}
 
 
+def _element(rows):
+    """The LLVM element type of a run argument's rows, or None where it is not a C-contiguous 2-D array of a
+    supported dtype (the intrinsic then does not type)."""
+    ok = isinstance(rows, types.Array) and rows.ndim == 2 and rows.layout == "C" and rows.dtype in _ELEMENTS
+    return _ELEMENTS[rows.dtype] if ok else None
+
+
 def _run(context, builder, ty, value):
     """(data pointer, rows, row length) of a C-contiguous 2-D array argument."""
     arr = context.make_array(ty)(context, builder, value)
@@ -61,9 +68,9 @@ def _sums_of_four(builder, accs):
 def scores_of_run(typingctx, scores, q, keys, scale):
     """``scores[j] = scale * (q · keys[j])`` for the rows of a C-contiguous (n, d) float32 or f16 ``keys`` and a
     float32 row ``q`` of d values; returns the largest score (-inf for no rows)."""
-    if keys.ndim != 2 or keys.layout != "C" or keys.dtype not in _ELEMENTS:
+    elt = _element(keys)
+    if elt is None:
         return None
-    elt = _ELEMENTS[keys.dtype]
 
     def codegen(context, builder, signature, args):
         sp, _ = row_of(context, builder, scores, args[0])
@@ -121,9 +128,9 @@ def scores_of_run(typingctx, scores, q, keys, scale):
 def add_weighted_run(typingctx, o, weights, values):
     """``o[:] += Σ_j weights[j] * values[j]`` for a float32 row ``o`` of d values and the rows of a C-contiguous
     (n, d) float32 or f16 ``values``."""
-    if values.ndim != 2 or values.layout != "C" or values.dtype not in _ELEMENTS:
+    elt = _element(values)
+    if elt is None:
         return None
-    elt = _ELEMENTS[values.dtype]
 
     def codegen(context, builder, signature, args):
         op, _ = row_of(context, builder, o, args[0])
