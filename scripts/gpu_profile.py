@@ -100,7 +100,8 @@ def summarize(raw_csv: str, steps: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="llama-2-7b:Q4_K_M", help="a GGUF path, or preset:type[:layers] for `quanta synth`")
+    ap.add_argument("--model", default="llama-2-7b:Q4_K_M",
+                    help="a GGUF path, or preset:type[:layers] for `quanta synth`")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_out")))
     ap.add_argument("--warm", type=int, default=8, help="decode steps before the profiler starts")
     ap.add_argument("--steps", type=int, default=2, help="decode steps profiled")

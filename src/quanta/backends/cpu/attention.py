@@ -9,16 +9,18 @@ int8 rows are stored rotated by the normalised Walsh-Hadamard matrix H (orthogon
 scale per 32 values: the rotation spreads a head's few large channels over all of them, so a shared scale loses
 far less (exact mode, 2 x 1,024 tokens of real text, teacher-forced top-1 agreement with the float cache: SmolLM2
 97.7% with one scale per head and no rotation, 99.3% rotated; Gemma-3's 256-wide heads rotated 97.3% with one
-scale per head, 98.0% with one per 64 values, above 98% with one per 32; docs/PERF.md). Scores need no un-rotation (q·k = qH·kH, so the query is rotated once), and the weighted sum of rotated
-values is rotated back once per query and head. The new tokens' K/V are written at their slots first. Few queries
-of a sequence (decode): a numba kernel where each (token, head) pair computes its scores into a per-thread scratch
-row, a float32 softmax (exp 16 lanes at a time) and the weighted sum of V, reading keys through the block table:
-with the default f16 cache a paged block's run of slots at a time (``key_runs``: four keys per step, the output
-held in registers; the next block's keys asked for ahead), a key at a time for the float32 and int8 caches. Many (a prefill chunk): the
-same formula with BLAS over each kv head's score matrix, on the sequence's keys gathered once per layer (a view when
-its blocks are consecutive). Both are the textbook formula of HF's eager attention; tests compare them with a
-naive numpy version. Every (token, head) pair is computed on its own, so a token's output does not depend on the
-other sequences of its batch.
+scale per head, 98.0% with one per 64 values, above 98% with one per 32; docs/PERF.md). Scores need no un-rotation
+(q·k = qH·kH, so the query is rotated once), and the weighted sum of rotated values is rotated back once per query
+and head. The new tokens' K/V are written at their slots first.
+
+Few queries of a sequence (decode): a numba kernel where each (token, head) pair computes its scores into a
+per-thread scratch row, a float32 softmax (exp 16 lanes at a time) and the weighted sum of V, reading keys through
+the block table: with the default f16 cache a paged block's run of slots at a time (``key_runs``: four keys per
+step, the output held in registers; the next block's keys asked for ahead), a key at a time for the float32 and
+int8 caches. Many (a prefill chunk): the same formula with BLAS over each kv head's score matrix, on the sequence's
+keys gathered once per layer (a view when its blocks are consecutive). Both are the textbook formula of HF's eager
+attention; tests compare them with a naive numpy version. Every (token, head) pair is computed on its own, so a
+token's output does not depend on the other sequences of its batch.
 """
 
 from __future__ import annotations

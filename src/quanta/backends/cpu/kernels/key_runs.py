@@ -5,7 +5,8 @@ The decode attention on the CPU met its keys one at a time: a dot product with a
 ``o += w * v`` per value that went through memory (each key's update waited on the one before it). Here four keys
 share each load of the query and keep four independent sums, and the weighted sum keeps ``LANES`` of the output in
 registers across the whole run (four running sums, added once at the end). Rows are float32, f16 (uint16 bits) or
-int8 (taken as they are: an int8 cache's scales are not applied here); tested against numpy in tests/backends/cpu/test_key_runs.py.
+int8 (taken as they are: an int8 cache's scales are not applied here); tested against numpy in
+tests/backends/cpu/test_key_runs.py.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def scores_of_run(typingctx, scores, q, keys, scale):
         _keys_then_rest(builder, n, step)
         top = builder.load(best)
         pairs = builder.call(maxnum, [top, builder.shuffle_vector(top, top, ir.Constant(vec(I32, 4), [2, 3, 0, 1]))])
-        last = builder.call(maxnum, [pairs, builder.shuffle_vector(pairs, pairs, ir.Constant(vec(I32, 4), [1, 0, 3, 2]))])
+        swapped = builder.shuffle_vector(pairs, pairs, ir.Constant(vec(I32, 4), [1, 0, 3, 2]))
+        last = builder.call(maxnum, [pairs, swapped])
         return builder.extract_element(last, ir.Constant(I32, 0))
 
     return types.float32(scores, q, keys, scale), codegen

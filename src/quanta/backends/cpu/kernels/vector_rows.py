@@ -1,5 +1,6 @@
 """Intrinsics over whole rows of numba arrays (float32, f16 bits as uint16, int8 codes), ``LANES`` values at a time:
-the decode attention's dots, weighted sums, stores and softmax exp, and fast mode's gated activations.
+the decode attention's int8 dots and weighted sums, its stores and softmax exp, and fast mode's gated
+activations (a paged block's run of f16 or float32 slots: ``key_runs.py``).
 
 numba leaves these loops scalar (it cannot prove that two rows do not overlap) or calls libm once per element
 (its exp). Each helper ends with a scalar loop for a row's last values. Tested against numpy and float64 in
@@ -73,32 +74,6 @@ def axpy(typingctx, o, w, v):
         return context.get_dummy_value()
 
     return types.none(o, w, v), codegen
-
-
-@intrinsic
-def dot_row(typingctx, q, k):
-    """``q · k`` for a float32 row ``q`` and a float32 or f16 (uint16 bits) row ``k`` of unit stride, ``LANES`` at a
-    time (a decode attention's score against an f16 key)."""
-    elt = _ROW_ELEMENTS[k.dtype]
-
-    def codegen(context, builder, signature, args):
-        (qp, n), (kp, _) = row_of(context, builder, q, args[0]), row_of(context, builder, k, args[1])
-        acc = cgutils.alloca_once_value(builder, zeros())
-        tail = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
-
-        def lanes(off):
-            x = as_f32(builder, load_vec(builder, kp, off, elt), k.dtype)
-            builder.store(fma(builder, load_vec(builder, qp, off, F32), x, builder.load(acc)), acc)
-
-        def one(d):
-            x = as_f32(builder, builder.load(builder.gep(kp, [d])), k.dtype)
-            builder.store(builder.fadd(builder.load(tail), builder.fmul(builder.load(builder.gep(qp, [d])), x)),
-                          tail)
-
-        _lanes_then_tail(builder, n, lanes, one)
-        return builder.fadd(hsum(builder, builder.load(acc)), builder.load(tail))
-
-    return types.float32(q, k), codegen
 
 
 def _groups(context, builder, signature, args, codes_at: int, group_step) -> None:
