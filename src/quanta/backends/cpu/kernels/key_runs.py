@@ -177,12 +177,11 @@ def add_weighted_run(typingctx, o, weights, values):
     return types.none(o, weights, values), codegen
 
 
-
 @intrinsic
 def prefetch_run(typingctx, rows):
     """Ask for the cache lines of a C-contiguous 2-D array (a run of pool slots about to be read: the next paged
     block's keys, a block's values while its keys are scored); a hint, it never faults."""
-    if rows.ndim != 2 or rows.layout != "C":
+    if not (isinstance(rows, types.Array) and rows.ndim == 2 and rows.layout == "C"):
         return None
 
     def codegen(context, builder, signature, args):
