@@ -123,6 +123,15 @@ def _attend_runs(qrow: np.ndarray, keys: np.ndarray, values: np.ndarray, table: 
         j += count
 
 
+@numba.njit(nogil=True, cache=True)
+def _next_slot(table: np.ndarray, block_size: int, blk: int, off: int) -> tuple[int, int, int]:
+    """The pool slot of the key at offset ``off`` of block ``blk`` (the next block's first once ``off`` reaches the
+    block size), and the block and offset of the key after it."""
+    if off == block_size:
+        blk, off = blk + 1, 0
+    return table[blk] * block_size + off, blk, off + 1
+
+
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def _attend_keys(qrow: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
                  v_scale: np.ndarray | None, kh: int, table: np.ndarray, block_size: int, lo: int, p: int,
@@ -134,10 +143,7 @@ def _attend_keys(qrow: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_s
     first_block, first_offset = lo // block_size, lo % block_size
     blk, off = first_block, first_offset
     for j in range(lo, p + 1):
-        if off == block_size:
-            blk, off = blk + 1, 0
-        slot = table[blk] * block_size + off
-        off += 1
+        slot, blk, off = _next_slot(table, block_size, blk, off)
         if k_scale is None:
             acc = np.float32(0.0)
             for d in range(qrow.size):
@@ -154,10 +160,7 @@ def _attend_keys(qrow: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_s
         o[d] = 0.0
     blk, off = first_block, first_offset
     for j in range(lo, p + 1):
-        if off == block_size:
-            blk, off = blk + 1, 0
-        slot = table[blk] * block_size + off
-        off += 1
+        slot, blk, off = _next_slot(table, block_size, blk, off)
         w = s[j - lo] / total
         if v_scale is None:
             axpy(o, w, v_cache[kh, slot])
