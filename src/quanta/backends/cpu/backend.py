@@ -115,6 +115,9 @@ class CPUBackend(Backend):
             rows = np.flatnonzero(small).astype(np.int32)
         chunks = tuple((int(starts[j]), int(starts[j + 1]), j) for j in large)
         longest = int(host.positions[rows].max()) + 1 if rows.size else 0
+        if self._scratch.shape[1] < longest:
+            self._scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, max(longest, 2 * self._scratch.shape[1])),
+                                     np.float32)
         return CPUAttentionMetadata(host.positions, host.slots, host.token_seq, host.block_tables, host.seq_lens,
                                     starts, host.n_seqs, host.max_query_len, host.block_size, host.prefill,
                                     kernel_rows=rows, blas_chunks=chunks, kernel_context=longest)
@@ -203,9 +206,6 @@ class CPUBackend(Backend):
             _attention.attention_blas(q[start:stop], k_cache, v_cache, k_scale, v_scale, meta.positions[start:stop],
                                       keys, float(scale), int(window), float(softcap), out[start:stop])
         if meta.kernel_rows.size:
-            if self._scratch.shape[1] < meta.kernel_context:  # per thread, a row of scores
-                self._scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, max(meta.kernel_context,
-                                                                                2 * self._scratch.shape[1])), np.float32)
             small = meta.kernel_rows.size * n_heads * meta.kernel_context * hd < SERIAL_ATTENTION_MAX_MACS
             kernel = _attention.attention_kernel_serial if small else _attention.attention_kernel
             kernel(q, k_cache, v_cache, k_scale, v_scale, meta.kernel_rows, meta.positions, meta.token_seq,

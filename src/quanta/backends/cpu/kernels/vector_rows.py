@@ -48,6 +48,24 @@ def _lanes_then_tail(builder, n, vector_step, scalar_step, start=None) -> None:
         scalar_step(d)
 
 
+def _add_weighted(builder, op, vp, elt, dtype, w, n, start=None) -> None:
+    """``o[start:start + n] += w * v[start:start + n]``: float32 ``o`` at ``op``, ``v`` of numba ``dtype`` (LLVM
+    element ``elt``) at ``vp``, ``LANES`` at a time."""
+    weight = splat(builder, w)
+
+    def lanes(off):
+        target = builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer())
+        x = as_f32(builder, load_vec(builder, vp, off, elt), dtype)
+        builder.store(fma(builder, weight, x, builder.load(target, align=1)), target, align=1)
+
+    def one(d):
+        target = builder.gep(op, [d])
+        x = as_f32(builder, builder.load(builder.gep(vp, [d])), dtype)
+        builder.store(builder.fadd(builder.load(target), builder.fmul(w, x)), target)
+
+    _lanes_then_tail(builder, n, lanes, one, start)
+
+
 @intrinsic
 def axpy(typingctx, o, w, v):
     """``o[:] += w * v[:]`` for a float32 row ``o`` and a float32, int8 or f16 (uint16 bits) row ``v`` of unit
@@ -57,20 +75,8 @@ def axpy(typingctx, o, w, v):
 
     def codegen(context, builder, signature, args):
         (op, n), (vp, _) = row_of(context, builder, o, args[0]), row_of(context, builder, v, args[2])
-        w = context.cast(builder, args[1], signature.args[1], types.float32)
-        weight = splat(builder, w)
-
-        def lanes(off):
-            target = builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer())
-            x = as_f32(builder, load_vec(builder, vp, off, elt), v.dtype)
-            builder.store(fma(builder, weight, x, builder.load(target, align=1)), target, align=1)
-
-        def one(d):
-            target = builder.gep(op, [d])
-            x = as_f32(builder, builder.load(builder.gep(vp, [d])), v.dtype)
-            builder.store(builder.fadd(builder.load(target), builder.fmul(w, x)), target)
-
-        _lanes_then_tail(builder, n, lanes, one)
+        _add_weighted(builder, op, vp, elt, v.dtype, context.cast(builder, args[1], signature.args[1], types.float32),
+                      n)
         return context.get_dummy_value()
 
     return types.none(o, w, v), codegen
@@ -131,20 +137,7 @@ def scaled_axpy(typingctx, o, w, codes, scales):
         w = context.cast(builder, args[1], signature.args[1], types.float32)
 
         def group(base, g, scale):
-            ws = builder.fmul(w, scale)
-            weight = splat(builder, ws)
-
-            def lanes(off):
-                target = builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer())
-                x = as_f32(builder, load_vec(builder, cp, off, I8), types.int8)
-                builder.store(fma(builder, weight, x, builder.load(target, align=1)), target, align=1)
-
-            def one(d):
-                target = builder.gep(op, [d])
-                x = as_f32(builder, builder.load(builder.gep(cp, [d])), types.int8)
-                builder.store(builder.fadd(builder.load(target), builder.fmul(ws, x)), target)
-
-            _lanes_then_tail(builder, g, lanes, one, base)
+            _add_weighted(builder, op, cp, I8, types.int8, builder.fmul(w, scale), g, base)
 
         _groups(context, builder, signature, args, 2, group)
         return context.get_dummy_value()
