@@ -125,8 +125,9 @@ class Backend(ABC):
 
     def to_host_later(self, a: Array) -> Callable[[], np.ndarray]:
         """A copy of ``a`` to the host, queued now behind the work that writes it; calling the result waits for
-        that copy alone (not for work queued after it) and returns it. The default copies at once."""
-        host = self.to_host(a)
+        that copy alone (not for work queued after it) and returns it. The default copies at once (``to_host`` may
+        be a view, and ``a`` may be written again before the result is read)."""
+        host = np.array(self.to_host(a))
         return lambda: host
 
     def metadata(self, host: AttentionMetadata) -> AttentionMetadata:

@@ -18,8 +18,12 @@ greedy at near ties; with the replay, identical: GPU run 253).
 A graph's inputs, the token ids, the placement (AttentionMetadata) and the rows that need logits, live in one
 device array that each step rewrites in place with one host→device copy (``write``); tokens the step before
 sampled and left on the device are gathered into it there (``feed_tokens_into``), so a step can be queued before
-the host has read the last one's tokens. Both ops are the CUDA backend's: only a backend that captures graphs
-needs them. Padding is dummy sequences at position 0 whose K/V go to the pool's padding block, one past the
+the host has read the last one's tokens. A decode graph holds that gather and the greedy pick too: it starts by
+feeding its ids from the decode graphs' shared token array and ends with the argmax of every row into it
+(``greedy_of``), so a plain greedy step is one copy in, one replay and one copy out (tokens picked elsewhere, by an
+eager step or a masked argmax, are copied into the shared array first; a graph's recording step overwrites it, so
+tokens still to be fed from it are set aside and put back). These ops (and ``argmax_rows(out=)``) are the CUDA
+backend's: only a backend that captures graphs needs them. Padding is dummy sequences at position 0 whose K/V go to the pool's padding block, one past the
 engine's ``n_blocks`` (a backend that captures graphs allocates it: ``CUDAKVCache.pad_block``), so it never touches
 a real sequence: in decode one dummy sequence per padding row, in prefill one holding all padding tokens (each
 attends to position 0 only) and empty ones up to S. Rows are independent in every op but attention, and attention
@@ -68,7 +72,8 @@ class _Graph:
     SEQ_FIELDS = ("seq_lens", "rows")
 
     def __init__(self, model: Model, backend: Backend, cache: Any, tokens: int, seqs: int, width: int,
-                 block_size: int, pad_block: int, prefill: bool, share_rows: int | None = None, fresh: int = 1):
+                 block_size: int, pad_block: int, prefill: bool, share_rows: int | None = None, fresh: int = 1,
+                 picked: Array | None = None):
         self.backend, self.tokens, self.seqs, self.width, self.prefill = backend, tokens, seqs, width, prefill
         self.pad_slot, self.pad_block = pad_block * block_size, pad_block
         t, s, o, at = tokens, seqs, 0, {}
@@ -91,9 +96,20 @@ class _Graph:
                                  fresh=1 if prefill else fresh)
         ids, rows = io[at["ids"]], io[at["rows"]] if prefill else None
         self.ids, self.source = ids, io[at["source"]]
+        # a decode graph: its ids fed from the shared array ``picked`` and its rows' greedy tokens written into it
+        self.best = None if picked is None else picked[:tokens]
+        be: Any = backend
+
+        def forward() -> Array:
+            if picked is not None:
+                be.feed_tokens_into(ids, picked, self.source)
+            logits = model.forward(ids, meta, cache, rows)
+            if picked is not None:
+                be.argmax_rows(logits, out=self.best)
+            return logits
+
         kwargs = {} if share_rows is None else {"share_rows": share_rows}
-        self.replay: Callable[[], Array] | None = backend.capture(
-            lambda: model.forward(ids, meta, cache, rows), **kwargs)
+        self.replay: Callable[[], Array] | None = backend.capture(forward, **kwargs)
 
     def _field(self, name: str) -> np.ndarray:
         return self.host[self.at[name]]
@@ -132,7 +148,7 @@ class _Graph:
         self._pad(n, s)
         be: Any = self.backend  # a backend that captures graphs provides write and feed_tokens_into
         be.write(self.io, self.host)
-        if source is not None:
+        if source is not None and self.best is None:  # (a decode graph feeds its ids itself)
             be.feed_tokens_into(self.ids, previous, self.source)
         return self.replay()[:n if rows is None else len(rows)]
 
@@ -152,6 +168,9 @@ class ForwardGraphs:
         self._graphs: dict[tuple[int, int, bool], _Graph | None] = {}  # None: its capture failed
         self._uses: dict[tuple[int, int, bool], int] = {}
         self.captures = 0  # graphs recorded (or tried)
+        self._picked: Array | None = None  # the decode graphs' shared token array (module docstring)
+        self._rows: Array | None = None  # 0, 1, 2, … on the device (the rows copied into it)
+        self._greedy: tuple[Array, Array] | None = None  # the last decode replay's logits and greedy tokens
 
     def bucket(self, n: int) -> int | None:
         """The decode bucket of n sequences."""
@@ -162,6 +181,15 @@ class ForwardGraphs:
         work)."""
         g = self._graphs.get((self.bucket(n) or 0, self.bucket(n) or 0, False))
         return g.replay if g is not None else None
+
+    def greedy_of(self, logits: Array) -> Array | None:
+        """The greedy token of every row of ``logits`` if they are the last decode replay's (its graph picked them),
+        else None. Valid until the next replay."""
+        return self._greedy[1] if self._greedy is not None and logits is self._greedy[0] else None
+
+    def _holds(self, previous: Array | None) -> bool:
+        """Whether ``previous`` is the last decode replay's greedy tokens (in the shared token array)."""
+        return previous is not None and self._greedy is not None and previous is self._greedy[1]
 
     def run(self, ids: np.ndarray, meta: AttentionMetadata, previous: Array | None = None,
             source: np.ndarray | None = None, rows: np.ndarray | None = None) -> Array | None:
@@ -185,19 +213,37 @@ class ForwardGraphs:
             key = None
         if key is None:
             return None
+        be: Any = self.backend
+        k = 0 if previous is None else len(previous)
+        if not key[2] and self._picked is None:
+            self._picked = be.from_host(np.zeros(self.sizes[-1], np.int32))
+            self._rows = be.from_host(np.arange(self.sizes[-1], dtype=np.int32))
+        if not key[2] and k > len(self._picked):
+            return None
         if key not in self._graphs:  # recorded once; a failed capture is not tried again
             tokens, seqs, prefill = key
             self.captures += 1
+            # a decode graph's recording step overwrites the shared token array: what is to be fed from it, aside
+            aside = be.feed_tokens(np.zeros(k, np.int32), previous, np.arange(k, dtype=np.int32)) if (
+                not prefill and self._holds(previous)) else None
             try:
                 g = _Graph(self.model, self.backend, self.cache, tokens, seqs, self.width, self.block_size,
-                           self.pad_block, prefill, self.max_tokens if prefill else None, self.fresh)
+                           self.pad_block, prefill, self.max_tokens if prefill else None, self.fresh,
+                           None if prefill else self._picked)
             except Exception as e:  # noqa: BLE001 - a capture that fails costs speed, never the request
                 warnings.warn(f"a {'prefill' if prefill else 'decode'} graph of {tokens} rows could not be captured "
                               f"({type(e).__name__}: {e}); that shape runs without a graph", RuntimeWarning,
                               stacklevel=2)
                 g = None
             self._graphs[key] = g
+            if aside is not None:
+                be.feed_tokens_into(previous, aside, self._rows[:k])
         g = self._graphs[key]
         if g is None or g.replay is None:
             return None
-        return g.run(ids, meta, previous, source, rows)
+        if g.best is not None and k and not self._holds(previous):
+            be.feed_tokens_into(self._picked[:k], previous, self._rows[:k])
+        logits = g.run(ids, meta, previous, source, rows)
+        if g.best is not None:
+            self._greedy = (logits, g.best[:len(ids)])
+        return logits

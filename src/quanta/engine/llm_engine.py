@@ -183,7 +183,9 @@ class LLMEngine:
         """Queue the argmax of ``launched``'s rows (``constrained``: masked where a sequence has a constraint, the
         masks made now from each grammar's state) and the copy of its tokens."""
         launched.masked = None
-        best = self.sampler.on_device(logits, launched.sampling if constrained else None)
+        best = self.sampler.masked_on_device(logits, launched.sampling) if constrained else None
+        if best is None:
+            best = self.runner.greedy(logits)
         if any(seq.draft for seq in launched.sampling):  # a verify step: every row's greedy token, read now
             launched.host_tokens = self.sampler.verify_greedy(self.backend.to_host(best), launched.sampling)
         else:

@@ -126,6 +126,12 @@ class ModelRunner:
             self._quiet_dry_runs = 0 if compiled or parallel is not None else self._quiet_dry_runs + 1
         return forward()
 
+    def greedy(self, logits: Array) -> Array:
+        """The greedy token of every row of ``logits`` (``Backend.argmax_rows``), left on the device; those of a
+        captured decode step were picked inside its graph."""
+        best = self.graphs.greedy_of(logits) if self.graphs is not None else None
+        return self.backend.argmax_rows(logits) if best is None else best
+
     def inputs(self, batch: ScheduledBatch) -> tuple[np.ndarray, AttentionMetadata, np.ndarray | None]:
         """Token ids (``PENDING`` where not known yet), placement and logit rows of ``batch`` (host arrays)."""
         b = self.block_size

@@ -227,22 +227,20 @@ class BatchSampler:
         self.backend = backend
         self._masker: Any = None  # constraint.BatchMasker, made when a constrained sequence first samples
 
-    def on_device(self, logits: Array, seqs: list[Sequence] | None = None) -> Array:
-        """The greedy token of every row, left on the device (-1 for a non-finite row, or where a constraint allows
-        nothing). ``seqs``: the rows' sequences (one row each, or 1 + its drafts) when some have a constraint: a
-        constrained row is masked by its constraint's state now (a finished sequence's row is not: its token is
-        dropped); None for a batch without one (nothing looked at per row)."""
-        if seqs is None:
-            return self.backend.argmax_rows(logits)
+    def masked_on_device(self, logits: Array, seqs: list[Sequence]) -> Array | None:
+        """The greedy token of every row with each constrained row masked by its constraint's state now, left on the
+        device (-1 for a non-finite row, or where a constraint allows nothing); ``seqs``: the rows' sequences (one
+        row each, or 1 + its drafts). None where no row is constrained any more (a finished sequence's row is not
+        masked: its token is dropped): the plain argmax then serves."""
         rows = [None if seq.constraint is None or seq.is_finished else seq.constraint
                 for seq in seqs for _ in range(1 + len(seq.draft))]
         if not any(rows):
-            return self.backend.argmax_rows(logits)
+            return None
         return self.backend.argmax_rows(logits, self._batch_masker(logits.shape[1]).compute(rows))
 
     @staticmethod
     def verify_greedy(best: np.ndarray, seqs: list[Sequence]) -> list[list[int]]:
-        """:func:`verify` of plain greedy sequences from their rows' greedy tokens (``on_device``'s, -1 for a
+        """:func:`verify` of plain greedy sequences from their rows' greedy tokens (``Backend.argmax_rows``', -1 for a
         non-finite row) instead of the logits: draft i kept while it equals the token after the ones before it,
         then one more token; [] for a non-finite row."""
         tokens, r = [], 0

@@ -182,6 +182,88 @@ def test_verify_steps_replay_the_decode_graphs(tmp_path: Path, device: str, few_
         np.testing.assert_allclose(np.array(be.to_host(got)), want, rtol=1e-5, atol=1e-5)
 
 
+def test_decode_graphs_pick_the_greedy_tokens_and_feed_them(tmp_path: Path, device: str, few_programs: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode graph ends with its rows' greedy tokens (``greedy_of``: numpy's argmax of its logits) in the shared
+    token array, and the next decode step feeds its ids from there: in the same bucket (nothing copied), in a new
+    bucket whose recording step overwrites the array (the tokens set aside and put back), and from tokens picked
+    outside a graph (copied in). Each step's logits equal the eager forward's of the same ids."""
+    from quanta.backends.cuda.backend import CUDABackend
+
+    want_be = CUDABackend(device, exact=True, graphs=False)
+    model_e, cache_e, tokens = _setup(want_be, tmp_path)
+    _prefill(want_be, model_e, cache_e, tokens)
+    be = CUDABackend(device, exact=True, graphs=False)
+    monkeypatch.setattr(be, "graphs", True)
+    monkeypatch.setattr(be, "capture", lambda forward: (forward(), forward)[1])  # a warm-up run, as recording's
+    model, cache, _ = _setup(be, tmp_path)
+    _prefill(be, model, cache, tokens)
+    graphs = _graphs(be, model, cache)
+    done: dict[int, int] = {}
+    previous, picked = None, {}  # the step before's tokens on the device, and on the host by sequence
+    for seqs, outside in (([0, 1, 3], False), ([0, 1, 3], False), ([1, 3], True), ([0, 1, 3, 4], False)):
+        meta = _decode_meta(seqs, done)
+        ids = np.asarray([picked.get(j, tokens[j][LENGTHS[j] + done.get(j, 0)]) for j in seqs], np.int32)
+        source = np.asarray([list(picked).index(j) if j in picked else -1 for j in seqs], np.int32)
+        logits = graphs.run(np.where(source >= 0, -1, ids).astype(np.int32), meta, previous, source)
+        want = np.array(want_be.to_host(model_e.forward(want_be.from_host(ids), want_be.metadata(meta), cache_e, None)))
+        np.testing.assert_allclose(np.array(be.to_host(logits)), want, rtol=1e-5, atol=1e-5)
+        best = graphs.greedy_of(logits)
+        assert best is not None and graphs.greedy_of(logits[:1]) is None
+        assert (np.array(be.to_host(best)) == want.argmax(1)).all()
+        order = seqs[::-1] if outside else seqs  # tokens picked outside a graph: the rows reversed
+        previous = be.argmax_rows(logits).flip(0) if outside else best
+        picked = dict(zip(order, want.argmax(1)[::-1] if outside else want.argmax(1)))
+        for j in seqs:
+            done[j] = done.get(j, 0) + 1
+    assert sorted(graphs._graphs) == [(2, 2, False), (4, 4, False)]
+
+
+def test_the_engine_takes_its_greedy_tokens_from_the_decode_graphs(tmp_path: Path, device: str, few_programs: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy requests of different lengths through the batched engine with its steps queued ahead: with decode
+    graphs (recorded forwards replayed under the interpreter) the decode steps' tokens are the graphs' picks, and
+    every request's tokens equal those of the engine without graphs."""
+    from dataclasses import replace
+
+    from quanta.backends.cuda.backend import CUDABackend
+    from quanta.engine import LLMEngine, SamplingParams, StopConditions
+    from quanta.engine.config import EngineConfig
+    from quanta.synth import get_preset, synthesize
+    from quanta.tokenizer import load_tokenizer
+
+    path = tmp_path / "small.gguf"
+    preset = replace(get_preset("smollm2-135m"), n_layers=1, n_embd=64, n_ff=128, n_head=4, n_head_kv=2,
+                     vocab_size=512)
+    synthesize(preset, path, "Q8_0", std=0.1, progress=False)
+    prompts = [[5, 9, 100, 200, 7], [11, 12, 13], [300, 301, 302, 303, 304, 305, 306, 307, 308]]
+
+    def greedy(graphed: bool) -> tuple[list[list[int]], int]:
+        be = CUDABackend(device, exact=True, graphs=False)
+        if graphed:
+            monkeypatch.setattr(be, "graphs", True)
+            monkeypatch.setattr(be, "capture", lambda forward, **kw: (forward(), forward)[1])
+        engine = LLMEngine(load_model(gguf.open(path), be, 64), be, load_tokenizer(gguf.open(path)),
+                           EngineConfig(max_seqs=4, kv_blocks=16), 64)
+        engine.asynchronous = True
+        picks = []
+        if graphed:
+            greedy_of = engine.runner.graphs.greedy_of
+            monkeypatch.setattr(engine.runner.graphs, "greedy_of", lambda x: picks.append(greedy_of(x)) or picks[-1])
+        ids = [engine.add_request(p, SamplingParams(temperature=0.0), StopConditions(max_tokens=n, ignore_eos=True))
+               for p, n in zip(prompts, (7, 3, 5))]
+        out: dict[int, list[int]] = {i: [] for i in ids}
+        while engine.has_unfinished():
+            for r in engine.step():
+                out[r.request_id].extend(r.new_token_ids)
+        return [out[i] for i in ids], sum(p is not None for p in picks)
+
+    want, _ = greedy(False)
+    got, picked = greedy(True)
+    assert got == want and [len(t) for t in got] == [7, 3, 5]
+    assert picked >= 5  # the decode steps after the first (the prompts' steps have no graph)
+
+
 # ---- on a GPU ----------------------------------------------------------------------------------------------------
 @needs_cuda
 @pytest.mark.parametrize("exact", [False, True])

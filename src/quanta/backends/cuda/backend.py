@@ -26,7 +26,7 @@ from quanta.backends.cuda.gemm import DEQUANT_MAX_WEIGHTS, dequantizes
 from quanta.backends.cuda.graphs import GraphRecorder
 from quanta.backends.cuda.qmatmul import INT8_MAX_ROWS, qmatmul, rope_fits
 from quanta.backends.cuda.repack import FusedWeight, PackedWeight, fuse, repack
-from quanta.backends.cuda.sampling import ArgmaxRows
+from quanta.backends.cuda.sampling import ArgmaxRows, feed
 from quanta.errors import NoCUDAError, QuantaError
 from quanta.gguf import TensorInfo
 
@@ -117,6 +117,7 @@ class CUDABackend(Backend):
         self._recorder = GraphRecorder(self.device) if on_gpu else None
         self._decode_scratch: dict[tuple, flash_decode.DecodeScratch] = {}
         self._argmax: ArgmaxRows | None = None
+        self._argmax_outgrown: list[ArgmaxRows] = []  # scratch that captured graphs may still read
         self._staging: dict[int, list[tuple[torch.Tensor, Any]]] = {}  # pinned copies of graph inputs
         # int8 (decode) and bf16 word-order (prefill) copies of activations, written by their producers
         self._copies = ActivationCopies(self.device, q8=self.q8, words=not exact, buffer=self.buffer, pdl=self.pdl)
@@ -234,8 +235,7 @@ class CUDABackend(Backend):
 
     def feed_tokens_into(self, ids: torch.Tensor, previous: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         """In place on the device: ``ids[i] = previous[source[i]]`` where ``source[i] >= 0`` (int32 arrays)."""
-        taken = previous.index_select(0, source.clamp(min=0))
-        return torch.where(source >= 0, taken, ids, out=ids)
+        return feed(ids, previous, source)
 
     def metadata(self, host: AttentionMetadata) -> AttentionMetadata:
         """``host`` as device arrays: one packed host→device copy, the fields views of it."""
@@ -434,11 +434,15 @@ class CUDABackend(Backend):
         self._copies.produce(None)
         return x.index_select(0, rows)
 
-    def argmax_rows(self, logits: torch.Tensor, masks: np.ndarray | None = None) -> torch.Tensor:
+    def argmax_rows(self, logits: torch.Tensor, masks: np.ndarray | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """See Backend.argmax_rows; ``out``: where to write the tokens (a captured decode step's, engine/graphs.py)."""
         r, n = logits.shape
         if self._argmax is None or self._argmax.n != n or self._argmax.rows < r:
+            if self._argmax is not None:
+                self._argmax_outgrown.append(self._argmax)
             self._argmax = ArgmaxRows(max(r, self._argmax.rows if self._argmax else 0), n, self.device)
-        return self._argmax(logits, self.pdl, None if masks is None else self._upload(masks))
+        return self._argmax(logits, self.pdl, None if masks is None else self._upload(masks), out)
 
     def _upload(self, a: np.ndarray) -> torch.Tensor:
         """A copy of ``a`` on the device, queued without waiting for the work before it (through pinned memory,

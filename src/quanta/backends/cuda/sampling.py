@@ -1,4 +1,5 @@
-"""Greedy token selection on the device: a two-stage argmax of every row of a batch's logits.
+"""Greedy token selection on the device: a two-stage argmax of every row of a batch's logits, and the picked tokens
+fed into the next step's token ids (``feed``).
 
 Stage one reduces blocks of each row to (max, index, any NaN) triples; stage two, one program per row, reduces
 those. With token masks (an output constraint's allowed tokens, packed 32 to an int32 word), stage one reads
@@ -52,9 +53,26 @@ def _final_argmax_kernel(vmax_ptr, imax_ptr, nan_ptr, out_ptr, NB, BLOCK: tl.con
     tl.store(out_ptr + r, tl.where(broken, -1, best))
 
 
+@triton.jit
+def _feed_kernel(ids_ptr, prev_ptr, src_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    src = tl.load(src_ptr + offs, mask=offs < N, other=-1)
+    fed = src >= 0
+    tl.store(ids_ptr + offs, tl.load(prev_ptr + tl.where(fed, src, 0), mask=fed), mask=fed)
+
+
+def feed(ids: torch.Tensor, previous: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """In place, in one launch: ``ids[i] = previous[source[i]]`` where ``source[i] >= 0`` (int32 arrays)."""
+    n = ids.numel()
+    assert source.numel() == n and ids.is_contiguous() and source.is_contiguous() and previous.is_contiguous()
+    _feed_kernel[(triton.cdiv(n, 1024),)](ids, previous, source, n, BLOCK=1024)
+    return ids
+
+
 class ArgmaxRows:
     """Reusable scratch for the row argmax of (rows, n) float32 logits with up to ``rows`` rows. Each call returns
-    a new array: a step queued ahead reads the tokens of the one before while its own argmax runs."""
+    a new array unless told where to write (``out``): a step queued ahead reads the tokens of the one before while its
+    own argmax runs."""
 
     def __init__(self, rows: int, n: int, device: torch.device):
         self.rows, self.n = rows, n
@@ -63,9 +81,10 @@ class ArgmaxRows:
         self.imax = torch.empty((rows, self.nb), dtype=torch.int32, device=device)
         self.nan = torch.empty((rows, self.nb), dtype=torch.int32, device=device)
 
-    def __call__(self, x: torch.Tensor, pdl_on: bool = False, masks: torch.Tensor | None = None) -> torch.Tensor:
-        """The index of each row's largest element (-1 for a broken row) as a (len(x),) int32 device tensor;
-        ``masks``: int32 (len(x), words) of packed allowed-token bits, or None."""
+    def __call__(self, x: torch.Tensor, pdl_on: bool = False, masks: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        """The index of each row's largest element (-1 for a broken row) as a (len(x),) int32 device tensor (``out``
+        if given); ``masks``: int32 (len(x), words) of packed allowed-token bits, or None."""
         r, n = x.shape
         assert r <= self.rows and n == self.n and x.stride(1) == 1
         assert masks is None or (masks.shape[0] == r and masks.dtype == torch.int32 and masks.is_contiguous())
@@ -73,7 +92,9 @@ class ArgmaxRows:
         _block_argmax_kernel[(self.nb, r)](x, x if masks is None else masks, self.vmax, self.imax, self.nan, n,
                                            self.nb, x.stride(0), words, BLOCK=_BLOCK, MASKED=masks is not None,
                                            **pdl.launch(pdl_on))
-        out = torch.empty(r, dtype=torch.int32, device=x.device)
+        if out is None:
+            out = torch.empty(r, dtype=torch.int32, device=x.device)
+        assert out.shape == (r,) and out.dtype == torch.int32
         _final_argmax_kernel[(r,)](self.vmax, self.imax, self.nan, out, self.nb,
                                    BLOCK=triton.next_power_of_2(self.nb), **pdl.launch(pdl_on))
         return out
