@@ -14,7 +14,7 @@ import triton.language as tl
 
 from quanta.backends.base import AttentionMetadata
 from quanta.backends.cuda.attention import attention, write_kv
-from quanta.backends.cuda.flash_decode import DecodeScratch, _with_new_row
+from quanta.backends.cuda.flash_decode import DecodeScratch, _with_new_row, slot_index
 
 
 def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, pos: np.ndarray, scale: float, window: int,
@@ -273,8 +273,8 @@ def _new_row_kernel(kc_ptr, vc_ptr, bt_ptr, ko_ptr, vo_ptr, pos, start, NSLOTS, 
     d = tl.arange(0, BD)
     k = tl.full([BN, BD], -1.0, tl.float16)  # what a tile read before the PDL wait may hold
     v = tl.full([BN, BD], -2.0, tl.float16)
-    k, v = _with_new_row(k, v, kc_ptr, vc_ptr, kc_ptr, vc_ptr, bt_ptr, 1, NSLOTS, p, pos, d, d < HD, HD, BLOCK, False,
-                         "half", FRESH)
+    rows = slot_index(bt_ptr, p, p >= 0, 1, NSLOTS, BLOCK)  # KV head 1
+    k, v = _with_new_row(k, v, kc_ptr, vc_ptr, kc_ptr, vc_ptr, rows, p, pos, d, d < HD, HD, False, "half", FRESH)
     offs = tl.arange(0, BN)[:, None] * BD + d[None, :]
     tl.store(ko_ptr + offs, k)
     tl.store(vo_ptr + offs, v)

@@ -147,7 +147,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, met
               pdl_on: bool = False) -> torch.Tensor:
     """Attention of q (n, H, hd), placed by ``meta``, over the pools → ``out`` (n, H*hd) (``int8``: the pools are
     that int8 layer's codes, and q is rotated: kv_q8.write). A decode batch
-    (``meta.max_query_len == 1``) given scratch takes split-KV flash decoding (and, with ``q8``, also writes the
+    (``meta.max_query_len == 1``: token i is sequence i) given scratch takes split-KV flash decoding (and, with ``q8``, also writes the
     output there as int8 activations: only where :func:`flash_decode.writes_q8`). ``words``: prefill also writes
     the output there as the GEMM's bf16 operand (hd a multiple of 32).
 
@@ -155,7 +155,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, met
     mode's) in fp16, an fp32 one in tf32 (both round the operands to 10-bit mantissas); decode as its scratch says."""
     tables = meta.block_tables
     if meta.max_query_len == 1 and scratch is not None:
-        return flash_decode.decode(q, k_cache, v_cache, meta.positions, meta.token_seq, tables, meta.block_size,
+        return flash_decode.decode(q, k_cache, v_cache, meta.positions, tables, meta.block_size,
                                    scale=scale, window=window, softcap=softcap, out=out, scratch=scratch, q8=q8,
                                    int8=int8, pdl_on=pdl_on, fresh=meta.fresh)
     n, h, hd = q.shape

@@ -76,17 +76,17 @@ def _kv_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, lo, d, d
 
 
 @triton.jit
-def _with_new_row(k, v, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, d, dmask, HD,
-                  BLOCK: tl.constexpr, KV8: tl.constexpr, DOT: tl.constexpr, FRESH: tl.constexpr = 1):
-    """The tiles ``k``, ``v`` with the rows of the ``FRESH`` positions up to ``pos`` read again: the kernel before
-    this one may just have written them (read past L1, which may still hold what this program read before its
-    wait). FRESH > 1: a verify step's rows as decode rows, each reading the keys its drafts before it stored."""
+def _with_new_row(k, v, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows, p, pos, d, dmask, HD, KV8: tl.constexpr,
+                  DOT: tl.constexpr, FRESH: tl.constexpr = 1):
+    """The tiles ``k``, ``v`` (pool rows ``rows`` of positions ``p``) with the rows of the ``FRESH`` positions up to
+    ``pos`` read again: the kernel before this one may just have written them (read past L1, which may still hold
+    what this program read before its wait). FRESH > 1: a verify step's rows as decode rows, each reading the keys
+    its drafts before it stored."""
     if FRESH == 1:
         new = p == pos
     else:
         new = (p <= pos) & (p > pos - FRESH)
     rmask = new[:, None] & dmask[None, :]
-    rows = slot_index(table, p, new, hk, NSLOTS, BLOCK)
     nk, nv = kv_rows(kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows, rmask, d, HD, KV8, True, DOT)
     return tl.where(rmask, nk, k), tl.where(rmask, nv, v)
 
@@ -105,7 +105,7 @@ def _attend_tile(q, k, v, p, pos, lo, m_i, l_i, acc, softcap, SOFTCAP: tl.conste
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_ptr, seq_ptr, bt_ptr, BT_STRIDE,
+def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_ptr, bt_ptr, BT_STRIDE,
                              o_ptr, oq_ptr, od_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, H, HKV, HD, NSLOTS,
                              NSPLIT: tl.constexpr, NPROG, scale, softcap, window, SOFTCAP: tl.constexpr,
                              WINDOW: tl.constexpr, G: tl.constexpr, GC: tl.constexpr, MINB: tl.constexpr,
@@ -114,7 +114,8 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_p
                              SKIP: tl.constexpr, Q8: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
                              POLL: tl.constexpr, KV8: tl.constexpr, FRESH: tl.constexpr):
     """Program (hk, c, t): the G query heads of KV head ``hk`` of token t (G = the group rounded up to a power of
-    two, and to 16 for tensor-core dots) against chunk c of its visible keys, in BN-key tiles.
+    two, and to 16 for tensor-core dots) against chunk c of its visible keys, in BN-key tiles. Token t is sequence t
+    (row t of the block tables).
 
     The visible keys [lo, pos] (lo > 0 only with a window) are cut into ``nlive`` chunks of ``per`` tiles, per =
     max(MINB, ceil(tiles / NPROG)), or all of them up to SOLO tiles: shallow positions get one chunk per KV head,
@@ -131,7 +132,8 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_p
 
     PDL: the next kernel (the output projection) may launch at once and load its weights while this one runs; and
     this one, launched early, loads the position, the block table and its chunk's first K/V tile before it waits
-    for the Q/K/V projection: keys before ``pos`` come from earlier forwards, finished (every forward starts after
+    for the Q/K/V projection (the first tile's block numbers beside the position, for the tile where the chunk
+    starts at shallow positions, read again only if the position puts the start elsewhere): keys before ``pos`` come from earlier forwards, finished (every forward starts after
     the host→device copy of its inputs, which waits for all work queued before it, also when the engine queues a
     step before reading the last one's tokens), so only the row at ``pos`` (the key the projection just stored) is
     read again after the wait, not its whole tile (GPU run 174: +0.4 to +3.2% at depth 1,024); q too. FRESH > 1:
@@ -148,7 +150,10 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_p
     d = tl.arange(0, BD)
     dmask = d < HD
     pos = tl.load(pos_ptr + t)  # the metadata is written by the host before the step: safe before waiting
-    table = bt_ptr + tl.load(seq_ptr + t) * BT_STRIDE
+    table = bt_ptr + t * BT_STRIDE
+    guess = c * MINB * BN  # where the chunk starts while per == MINB and lo == 0
+    p = guess + tl.arange(0, BN)
+    blk = tl.load(table + p // BLOCK, mask=p < BT_STRIDE * BLOCK, other=0)
     lo = 0
     if WINDOW:
         lo = tl.maximum(pos - window + 1, 0)
@@ -164,15 +169,18 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_p
         l_i = tl.zeros([G], dtype=tl.float32)
         acc = tl.zeros([G, BD], dtype=tl.float32)
         p = start + tl.arange(0, BN)
-        k, v = _kv_tile(kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, lo, d, dmask, HD, BLOCK, KV8, DOT)
+        valid = (p <= pos) & (p >= lo)
+        if start != guess:
+            blk = tl.load(table + p // BLOCK, mask=valid, other=0)
+        rows = (hk * NSLOTS + blk * BLOCK + p % BLOCK).to(tl.int64)
+        k, v = kv_rows(kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows, valid[:, None] & dmask[None, :], d, HD, KV8, False, DOT)
         pdl.wait_prev(PDL)
         if FRESH == 1:
             fresh_tile = start + BN > pos
         else:
             fresh_tile = start + BN > pos - (FRESH - 1)
         if fresh_tile:
-            k, v = _with_new_row(k, v, kc_ptr, vc_ptr, ks_ptr, vs_ptr, table, hk, NSLOTS, p, pos, d, dmask, HD, BLOCK,
-                                 KV8, DOT, FRESH)
+            k, v = _with_new_row(k, v, kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows, p, pos, d, dmask, HD, KV8, DOT, FRESH)
         q = tl.load(q_ptr + (t * H + h)[:, None] * HD + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
         if SOFTCAP:
             q = q * scale
@@ -375,11 +383,10 @@ class DecodeScratch:
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
-           token_seq: torch.Tensor, block_tables: torch.Tensor, block_size: int, *, scale: float, window: int,
+           block_tables: torch.Tensor, block_size: int, *, scale: float, window: int,
            softcap: float, out: torch.Tensor, scratch: DecodeScratch, q8: Q8Activation | None,
            int8: kv_q8.Int8Layer | None = None, pdl_on: bool = False, fresh: int = 1) -> torch.Tensor:
-    """Attention of n tokens' q (n, H, hd), token i at ``positions[i]`` of sequence ``token_seq[i]`` (its row of
-    ``block_tables``), over the pools (hkv, n_slots, hd) → ``out`` (n, H*hd), and its int8 copy into ``q8``.
+    """Attention of n tokens' q (n, H, hd), token i at ``positions[i]`` of sequence i (row i of ``block_tables``), over the pools (hkv, n_slots, hd) → ``out`` (n, H*hd), and its int8 copy into ``q8``.
     ``int8``: the pools are that int8 layer's codes (q already rotated: kv_q8.write). ``fresh``: how many of each
     token's last positions the same forward stored (AttentionMetadata.fresh)."""
     n, h, hd = q.shape
@@ -398,7 +405,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positi
     bs = min(ns, max(4096 // (gc * bd), ns // 2), 2048 * scratch.warps // (gc * bd))
     extra = (int8.k_scale, int8.v_scale, int8.rotation) if int8 is not None else (k_cache, k_cache, k_cache)
     _decode_attention_kernel[(hkv, scratch.nprog, n)](
-        q, k_cache, v_cache, *extra, positions, token_seq, block_tables, block_tables.stride(0), out, *qargs, scratch.o,
+        q, k_cache, v_cache, *extra, positions, block_tables, block_tables.stride(0), out, *qargs, scratch.o,
         scratch.m, scratch.l, scratch.count, h, hkv, hd, n_slots, nsplit, scratch.nprog, scale, softcap or 1.0, window,
         SOFTCAP=softcap > 0, WINDOW=window > 0, G=group if scratch.dot == "ieee" and int8 is None else max(16, group),
         GC=gc,
