@@ -130,15 +130,15 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_p
     they never wait (programs are dispatched in order of c, and under PDL the next kernel launches only once every
     program of this one has started).
 
-    PDL: the next kernel (the output projection) may launch at once and load its weights while this one runs; and
-    this one, launched early, loads the position, the block table and its chunk's first K/V tile before it waits
-    for the Q/K/V projection (the first tile's block numbers beside the position, for the tile where the chunk
-    starts at shallow positions, read again only if the position puts the start elsewhere): keys before ``pos`` come from earlier forwards, finished (every forward starts after
-    the host→device copy of its inputs, which waits for all work queued before it, also when the engine queues a
-    step before reading the last one's tokens), so only the row at ``pos`` (the key the projection just stored) is
-    read again after the wait, not its whole tile (GPU run 174: +0.4 to +3.2% at depth 1,024); q too. FRESH > 1:
-    the last FRESH rows up to ``pos`` are read again (verify steps replayed as decode rows, whose rows read the
-    keys stored by the rows of their drafts before them in the same forward)."""
+    PDL: the next kernel (the output projection) may launch at once and load its weights while this one runs; and this
+    one, launched early, loads the position, the block table and its chunk's first K/V tile before it waits for the
+    Q/K/V projection (the first tile's block numbers beside the position, for the tile where the chunk starts at shallow
+    positions, read again only if the position puts the start elsewhere): keys before ``pos`` come from earlier
+    forwards, finished (every forward starts after the host→device copy of its inputs, which waits for all work queued
+    before it, also when the engine queues a step before reading the last one's tokens), so only the row at ``pos`` (the
+    key the projection just stored) is read again after the wait, not its whole tile (GPU run 174: +0.4 to +3.2% at
+    depth 1,024); q too. FRESH > 1: the last FRESH rows up to ``pos`` are read again (verify steps replayed as decode
+    rows, whose rows read the keys stored by the rows of their drafts before them in the same forward)."""
     pdl.allow_next(PDL)
     hk = tl.program_id(0)
     c = tl.program_id(1)
@@ -386,9 +386,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positi
            block_tables: torch.Tensor, block_size: int, *, scale: float, window: int,
            softcap: float, out: torch.Tensor, scratch: DecodeScratch, q8: Q8Activation | None,
            int8: kv_q8.Int8Layer | None = None, pdl_on: bool = False, fresh: int = 1) -> torch.Tensor:
-    """Attention of n tokens' q (n, H, hd), token i at ``positions[i]`` of sequence i (row i of ``block_tables``), over the pools (hkv, n_slots, hd) → ``out`` (n, H*hd), and its int8 copy into ``q8``.
-    ``int8``: the pools are that int8 layer's codes (q already rotated: kv_q8.write). ``fresh``: how many of each
-    token's last positions the same forward stored (AttentionMetadata.fresh)."""
+    """Attention of n tokens' q (n, H, hd), token i at ``positions[i]`` of sequence i (row i of ``block_tables``), over
+    the pools (hkv, n_slots, hd) → ``out`` (n, H*hd), and its int8 copy into ``q8``. ``int8``: the pools are that int8
+    layer's codes (q already rotated: kv_q8.write). ``fresh``: how many of each token's last positions the same forward
+    stored (AttentionMetadata.fresh)."""
     n, h, hd = q.shape
     hkv, n_slots, _ = k_cache.shape
     assert n <= scratch.n_tokens and block_tables.stride(1) == 1

@@ -1,10 +1,10 @@
 """Greedy token selection on the device: a two-stage argmax of every row of a batch's logits, and the picked tokens
 fed into the next step's token ids (``feed``).
 
-Stage one reduces blocks of each row to (max, index, any NaN) triples; stage two, one program per row, reduces
-those. With token masks (an output constraint's allowed tokens, packed 32 to an int32 word), stage one reads
-each row's disallowed tokens as -inf. Ties go to the lowest index, as numpy's argmax. A row holding a NaN, or whose maximum is infinite, gives -1
-(as the CPU backend: a broken model's logits). Tested against numpy.argmax.
+Stage one reduces blocks of each row to (max, index, any NaN) triples; stage two, one program per row, reduces those.
+With token masks (an output constraint's allowed tokens, packed 32 to an int32 word), stage one reads each row's
+disallowed tokens as -inf. Ties go to the lowest index, as numpy's argmax. A row holding a NaN, or whose maximum is
+infinite, gives -1 (as the CPU backend: a broken model's logits). Tested against numpy.argmax.
 """
 
 from __future__ import annotations

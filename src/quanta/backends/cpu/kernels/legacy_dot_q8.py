@@ -1,7 +1,8 @@
 """Fast-mode row dot products of the legacy formats with 8-bit activations, for each int8 path of ``isa.py``.
 
 ``rows_dot_<fmt>_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)``: the frame and the activation layout
-are ``q8_rows.py``'s (blocks in pairs, a group of activation rows per pass). Per pair of 32-weight blocks the
+are ``q8_rows.py``'s (blocks in pairs, up to ``LEGACY_ROWS_PER_PASS`` activation rows per pass, one accumulator
+each). Per pair of 32-weight blocks the
 unsigned codes ``u`` (4/5-bit nibbles; Q8_0's signed bytes xor 0x80, i.e. +128) are laid out as the activations:
 ``a`` = weights 0-15 of block 2p then of 2p+1, ``b`` = weights 16-31 of both, and meet them in one integer dot
 (``int8_dots``; with AVX2, Q8_0's +128 codes would saturate the i16 pair sums, so there Q8_0 keeps its signed
@@ -20,7 +21,9 @@ from numba.extending import intrinsic
 
 from quanta.backends.cpu.kernels.int8_dots import dot2_u8s8, dot_s8s8
 from quanta.backends.cpu.kernels.isa import isa_of
-from quanta.backends.cpu.kernels.q8_rows import for_pairs, row_lanes, row_sum, rows_dot_q8_intrinsic
+from quanta.backends.cpu.kernels.q8_rows import (
+    LEGACY_ROWS_PER_PASS, for_pairs, pair_lanes, pair_pattern, row_lanes, row_sum, rows_dot_q8_intrinsic,
+)
 from quanta.backends.cpu.kernels.simd import (
     F32, HALF, I8, I16, I32, const_vec, fma, hsum, idx, load_scalar, load_vec, prefetch_ahead, vec, zeros,
 )  # fmt: skip
@@ -86,26 +89,26 @@ def _codes_pair(fmt_name: str, builder, bp, b0, b1, single: bool, signed: bool):
 
 
 def _scale_min_pairs(builder, bp, b0, b1, single: bool, rows: int):
-    """Q4_1/Q5_1: the pair's scales and minimums as two ``pair_splat`` vectors, from one 32-bit load per block (its
-    f16 ``d`` and ``m`` side by side) and one conversion of the four halves."""
+    """Q4_1/Q5_1: the pair's scales and minimums as two pair vectors of ``rows`` rows (``pair_pattern``), from one
+    32-bit load per block (its f16 ``d`` and ``m`` side by side) and one conversion of the four halves."""
     words = ir.Constant(vec(I32, 2), [0, 0])
     words = builder.insert_element(words, load_scalar(builder, bp, b0, I32), ir.Constant(I32, 0))
     if not single:
         words = builder.insert_element(words, load_scalar(builder, bp, b1, I32), ir.Constant(I32, 1))
     dm = builder.fpext(builder.bitcast(words, vec(HALF, 4)), vec(F32, 4))  # d0, m0, d1, m1
     pick = lambda first, second: builder.shuffle_vector(  # noqa: E731
-        dm, dm, ir.Constant(vec(I32, 2 * rows), [first] * rows + [second] * rows))
+        dm, dm, ir.Constant(vec(I32, pair_lanes(rows)), pair_pattern(first, second, rows)))
     return pick(0, 2), pick(1, 3)
 
 
 def _scale_pair(builder, bp, b0, b1, single: bool, rows: int):
-    """The pair's f16 scales (at the start of each block) as a ``pair_splat`` vector, in one conversion."""
+    """The pair's f16 scales (at the start of each block) as a pair vector of ``rows`` rows, in one conversion."""
     halves = ir.Constant(vec(I16, 2), [0, 0])
     halves = builder.insert_element(halves, load_scalar(builder, bp, b0, I16), ir.Constant(I32, 0))
     if not single:
         halves = builder.insert_element(halves, load_scalar(builder, bp, b1, I16), ir.Constant(I32, 1))
     d = builder.fpext(builder.bitcast(halves, vec(HALF, 2)), vec(F32, 2))
-    return builder.shuffle_vector(d, d, ir.Constant(vec(I32, 2 * rows), [0] * rows + [1] * rows))
+    return builder.shuffle_vector(d, d, ir.Constant(vec(I32, pair_lanes(rows)), pair_pattern(0, 1, rows)))
 
 
 def _make_rows_dot_q8(fmt_name: str):
@@ -116,10 +119,11 @@ def _make_rows_dot_q8(fmt_name: str):
     def row_body(isa, builder, bp, rows, nb):
         signed = isa == "avx2" and fmt_name == "Q8_0"
         offset, n = code_offset(isa, fmt_name), len(rows)
-        accs = [[cgutils.alloca_once_value(builder, zeros(8)) for _ in range(2)] for _ in range(n)]
-        maccs = [cgutils.alloca_once_value(builder, zeros(2 * n)) for _ in range(2)]
+        # one accumulator per row (two would make eight rows' sixteen spill out of AVX2's registers)
+        accs = [cgutils.alloca_once_value(builder, zeros(8)) for _ in range(n)]
+        macc = cgutils.alloca_once_value(builder, zeros(pair_lanes(n)))
 
-        def pair(p, slot, single):
+        def pair(p, single):
             b0 = builder.mul(p, ir.Constant(p.type, 2 * fmt.type_size))
             b1 = idx(builder, b0, fmt.type_size)
             prefetch_ahead(builder, bp, b0, 2 * fmt.type_size)
@@ -127,7 +131,7 @@ def _make_rows_dot_q8(fmt_name: str):
             if has_min:
                 d, m = _scale_min_pairs(builder, bp, b0, b1, single, n)
                 mins = builder.fmul(m, rows.sums(p))
-                builder.store(builder.fadd(builder.load(maccs[slot]), mins), maccs[slot])
+                builder.store(builder.fadd(builder.load(macc), mins), macc)
             else:
                 d = _scale_pair(builder, bp, b0, b1, single, n)
             scales = builder.fmul(d, rows.scales(p))
@@ -138,16 +142,16 @@ def _make_rows_dot_q8(fmt_name: str):
                     s = dot_s8s8(isa, builder, b, xb, dot_s8s8(isa, builder, a, xa, start))
                 else:
                     s = dot2_u8s8(isa, builder, a, xa, b, xb, start, small=True)
-                total = fma(builder, row_lanes(builder, scales, t, n), builder.sitofp(s, vec(F32, 8)),
-                            builder.load(acc[slot]))
-                builder.store(total, acc[slot])
+                lanes = row_lanes(builder, scales, t, n)
+                builder.store(fma(builder, lanes, builder.sitofp(s, vec(F32, 8)), builder.load(acc)), acc)
 
         for_pairs(builder, nb, pair)
-        mins = builder.fadd(builder.load(maccs[0]), builder.load(maccs[1]))
-        return [builder.fadd(hsum(builder, builder.fadd(builder.load(acc[0]), builder.load(acc[1]))),
-                             row_sum(builder, mins, t, n)) for t, acc in enumerate(accs)]
+        mins = builder.load(macc)
+        return [builder.fadd(hsum(builder, builder.load(acc)), row_sum(builder, mins, t, n))
+                for t, acc in enumerate(accs)]
 
-    return rows_dot_q8_intrinsic(f"rows_dot_{fmt_name.lower()}_q8", row_body, fmt.block_size, fmt.type_size)
+    return rows_dot_q8_intrinsic(f"rows_dot_{fmt_name.lower()}_q8", row_body, fmt.block_size, fmt.type_size,
+                                 LEGACY_ROWS_PER_PASS)
 
 
 rows_dot_q4_0_q8 = _make_rows_dot_q8("Q4_0")

@@ -12,8 +12,8 @@ block 2p+1's, each lane summing 4 weights of the first half of its block (vector
 - ``xq`` (n, 64 * pairs) int8: per pair ``x[2p][0:16], x[2p+1][0:16], x[2p][16:32], x[2p+1][16:32]`` (an odd
   last block is paired with zeros);
 - ``xd``, ``xsum`` (groups, pairs, 8) float32: per group of 4 rows (``ROWS_PER_PASS``) and pair, the scale
-  (and ``scale * sum(codes)``) of block 2p of the 4 rows, then of block 2p+1 (one load per pair for a whole
-  pass);
+  (and ``scale * sum(codes)``) of block 2p of the 4 rows, then of block 2p+1 (one load per pair and group; a pass
+  of the legacy formats takes two groups, ``LEGACY_ROWS_PER_PASS``: their pair vectors side by side, ``pair_lane``);
 - ``xstart`` (n, pairs, 8) int32: the integer dots' starting values (the code offsets of the weights).
 The K-quants' row dots take one activation scale per 256 instead (``activations.superblock_activations``): codes
 in their natural order, and per super-block a scale per row, 8 sums per 32 and 16 integer sums per 16 in the same
@@ -30,7 +30,20 @@ from numba.extending import intrinsic
 from quanta.backends.cpu.kernels.isa import isa_of
 from quanta.backends.cpu.kernels.simd import F32, I8, I16, I32, data_ptr, load_vec, vec
 
-ROWS_PER_PASS = 4  # activation rows per pass at most (a variant of the pass is compiled for each count)
+ROWS_PER_PASS = 4  # activation rows per pass at most (a variant of the pass is compiled for each count), and per
+# group of the scales' layout
+LEGACY_ROWS_PER_PASS = 8  # the legacy formats' passes: one accumulator per row leaves room for two groups
+
+
+def pair_lane(t: int, block: int, rows: int) -> int:
+    """The lane of row ``t``'s value for block 2p + ``block`` in a pass's pair vector (``ActRows.scales``) of
+    ``rows`` rows: ``block * rows + t`` within one group, ``8 * (t // 4) + 4 * block + t % 4`` over two."""
+    return block * rows + t if rows <= ROWS_PER_PASS else 2 * ROWS_PER_PASS * (t // 4) + 4 * block + t % 4
+
+
+def pair_lanes(rows: int) -> int:
+    """The lanes of a pass's pair vector of ``rows`` rows."""
+    return 2 * rows if rows <= ROWS_PER_PASS else 4 * ROWS_PER_PASS
 
 
 class ActRows:
@@ -54,11 +67,11 @@ class ActRows:
         return load_vec(self.builder, self._starts[t], self.builder.mul(p, ir.Constant(p.type, 8)), I32, 8)
 
     def scales(self, p):
-        """<2 * rows x float>: the activation scale of block 2p of each row, then of block 2p+1."""
+        """<pair_lanes(rows) x float>: the activation scales of blocks 2p and 2p+1 of each row (``pair_lane``)."""
         return self._pair(self._xd, p)
 
     def sums(self, p):
-        """<2 * rows x float>: ``scale * sum(codes)`` of block 2p of each row, then of block 2p+1."""
+        """<pair_lanes(rows) x float>: ``scale * sum(codes)`` of blocks 2p and 2p+1 of each row (``pair_lane``)."""
         return self._pair(self._xsum, p)
 
     def superblock_scales(self, s):
@@ -79,50 +92,57 @@ class ActRows:
         return load_vec(b, b.bitcast(self._starts[t], I16.as_pointer()), b.mul(s, ir.Constant(s.type, 16)), I16, 16)
 
     def _pair(self, base, p):
-        b, n = self.builder, len(self)
-        v = load_vec(b, base, b.mul(p, ir.Constant(p.type, 2 * ROWS_PER_PASS)), F32, 2 * ROWS_PER_PASS)
+        b, n, width = self.builder, len(self), 2 * ROWS_PER_PASS
+        v = load_vec(b, base, b.mul(p, ir.Constant(p.type, width)), F32, width)
         if n == ROWS_PER_PASS:
             return v
-        return b.shuffle_vector(v, v, ir.Constant(vec(I32, 2 * n), [*range(n), *range(ROWS_PER_PASS, ROWS_PER_PASS + n)]))
+        if n > ROWS_PER_PASS:  # the second group's vector beside the first's
+            w = load_vec(b, base, b.add(b.mul(self._pairs, ir.Constant(p.type, width)),
+                                        b.mul(p, ir.Constant(p.type, width))), F32, width)
+            return b.shuffle_vector(v, w, ir.Constant(vec(I32, 2 * width), list(range(2 * width))))
+        first = [*range(n), *range(ROWS_PER_PASS, ROWS_PER_PASS + n)]
+        return b.shuffle_vector(v, v, ir.Constant(vec(I32, 2 * n), first))
 
 
-def pair_splat(builder, first, second, rows: int):
-    """<2 * rows x float>: ``first`` in the lanes of block 2p of each row, ``second`` in those of block 2p+1."""
-    v = builder.insert_element(ir.Constant(vec(F32, 2), ir.Undefined), first, ir.Constant(I32, 0))
-    v = builder.insert_element(v, second, ir.Constant(I32, 1))
-    return builder.shuffle_vector(v, v, ir.Constant(vec(I32, 2 * rows), [0] * rows + [1] * rows))
+def pair_pattern(first: int, second: int, rows: int) -> list[int]:
+    """Shuffle indices of a pair vector of ``rows`` rows: ``first`` in block 2p's lanes, ``second`` in 2p+1's."""
+    pattern = [first] * pair_lanes(rows)
+    for t in range(rows):
+        pattern[pair_lane(t, 1, rows)] = second
+    return pattern
 
 
 def row_lanes(builder, v, t: int, rows: int):
-    """<8 x float> of row ``t`` from a ``<2 * rows>`` pair vector: block 2p's value in lanes 0-3, 2p+1's in 4-7."""
-    return builder.shuffle_vector(v, v, ir.Constant(vec(I32, 8), [t] * 4 + [rows + t] * 4))
+    """<8 x float> of row ``t`` from a pair vector: block 2p's value in lanes 0-3, 2p+1's in 4-7."""
+    lanes = [pair_lane(t, 0, rows)] * 4 + [pair_lane(t, 1, rows)] * 4
+    return builder.shuffle_vector(v, v, ir.Constant(vec(I32, 8), lanes))
 
 
 def row_sum(builder, v, t: int, rows: int):
-    """Row ``t``'s two lanes of a ``<2 * rows>`` pair vector, added."""
-    first, second = (builder.extract_element(v, ir.Constant(I32, j)) for j in (t, rows + t))
+    """Row ``t``'s two lanes of a pair vector, added."""
+    first, second = (builder.extract_element(v, ir.Constant(I32, pair_lane(t, j, rows))) for j in (0, 1))
     return builder.fadd(first, second)
 
 
 def for_pairs(builder, nb, pair) -> None:
-    """``pair(p, slot, single)`` for the block pairs of ``nb`` blocks, two per iteration into accumulator slots 0
-    and 1 (two dependency chains), then a last full pair into slot 0 and an odd last block (``single``) into 1."""
+    """``pair(p, single)`` for the block pairs of ``nb`` blocks, two per iteration, then a last full pair and an odd
+    last block (``single``)."""
     two = ir.Constant(nb.type, 2)
     pairs = builder.sdiv(nb, two)
     twice = builder.sdiv(pairs, two)
     with cgutils.for_range(builder, twice) as loop:
         p0 = builder.mul(loop.index, two)
-        pair(p0, 0, False)
-        pair(builder.add(p0, ir.Constant(nb.type, 1)), 1, False)
+        pair(p0, False)
+        pair(builder.add(p0, ir.Constant(nb.type, 1)), False)
     with builder.if_then(builder.icmp_signed("!=", builder.mul(twice, two), pairs)):
-        pair(builder.sub(pairs, ir.Constant(nb.type, 1)), 0, False)
+        pair(builder.sub(pairs, ir.Constant(nb.type, 1)), False)
     with builder.if_then(builder.icmp_signed("!=", builder.mul(pairs, two), nb)):
-        pair(pairs, 1, True)
+        pair(pairs, True)
 
 
-def rows_dot_q8_intrinsic(name: str, row_body, block_size: int, type_size: int):
+def rows_dot_q8_intrinsic(name: str, row_body, block_size: int, type_size: int, max_rows: int = ROWS_PER_PASS):
     """An intrinsic ``f(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)`` doing ``out[t, r] = dot(weight row
-    r, activation row t)`` for r in [r0, r1) and the ``g <= ROWS_PER_PASS`` rows t = t0..t0+g-1, in the
+    r, activation row t)`` for r in [r0, r1) and the ``g <= max_rows`` rows t = t0..t0+g-1, in the
     instruction set of ``isa``'s type (``isa.token``).
 
     ``row_body(isa_name, builder, bp, rows, nb32)`` emits one weight row (bytes at ``bp``, ``nb32`` blocks of 32)
@@ -156,7 +176,7 @@ def rows_dot_q8_intrinsic(name: str, row_body, block_size: int, type_size: int):
                     builder.store(value, builder.gep(op, [builder.add(builder.mul(ts[t], m), r)]))
 
         def dispatch(rows: int) -> None:
-            if rows == ROWS_PER_PASS:
+            if rows == max_rows:
                 emit(rows)
                 return
             with builder.if_else(builder.icmp_signed("==", g, c(rows))) as (then, otherwise):

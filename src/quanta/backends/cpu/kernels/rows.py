@@ -24,7 +24,7 @@ from quanta.backends.cpu.kernels.legacy_dot import (
 from quanta.backends.cpu.kernels.legacy_dot_q8 import (
     q8_0_offset, rows_dot_q4_0_q8, rows_dot_q4_1_q8, rows_dot_q5_0_q8, rows_dot_q5_1_q8, rows_dot_q8_0_q8,
 )  # fmt: skip
-from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
+from quanta.backends.cpu.kernels.q8_rows import LEGACY_ROWS_PER_PASS, ROWS_PER_PASS
 
 PASS_BYTES = 16 << 10  # weight bytes per pass when several passes read them (L1 holds them and the activations)
 
@@ -124,16 +124,18 @@ def dot_offset(isa, fmt):
 @njit
 def rows_dot_q8(isa, fmt, raw2d, r0, r1, xq, xd, xsum, xstart, out):
     """``out[t, r]`` for every activation row t and weight row r in [r0, r1), in the instruction set chosen by the
-    type of ``isa`` (``isa.token``): each pass over the weights serves up to ``ROWS_PER_PASS`` activation rows,
-    every row computed exactly as alone (``q8_rows.py``). The passes of more rows than that take the weights
+    type of ``isa`` (``isa.token``): each pass over the weights serves up to ``LEGACY_ROWS_PER_PASS`` activation
+    rows of the legacy formats (0-4), ``ROWS_PER_PASS`` of the K-quants, every row computed exactly as alone
+    (``q8_rows.py``). The passes of more rows than that take the weights
     ``PASS_BYTES`` at a time, so that the second pass finds them in L1. Activations from
     ``activations.gemv_activations``, for the K-quants (``SUPERBLOCK_FORMATS``) ``superblock_activations``."""
     n = xq.shape[0]
-    step = r1 - r0 if n <= ROWS_PER_PASS else max(1, PASS_BYTES // raw2d.shape[1])
+    per_pass = LEGACY_ROWS_PER_PASS if fmt <= 4 else ROWS_PER_PASS
+    step = r1 - r0 if n <= per_pass else max(1, PASS_BYTES // raw2d.shape[1])
     for a in range(r0, r1, step):
         b = min(r1, a + step)
-        for t0 in range(0, n, ROWS_PER_PASS):
-            g = min(ROWS_PER_PASS, n - t0)
+        for t0 in range(0, n, per_pass):
+            g = min(per_pass, n - t0)
             if fmt == 0:
                 rows_dot_q4_0_q8(isa, raw2d, a, b, xq, xd, xsum, xstart, out, t0, g)
             elif fmt == 1:
