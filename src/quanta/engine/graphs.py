@@ -214,7 +214,7 @@ class ForwardGraphs:
         if key is None:
             return None
         be: Any = self.backend
-        k = 0 if previous is None else len(previous)
+        k = 0 if previous is None or source is None else len(previous)  # tokens fed from the step before
         if not key[2] and self._picked is None:
             self._picked = be.from_host(np.zeros(self.sizes[-1], np.int32))
             self._rows = be.from_host(np.arange(self.sizes[-1], dtype=np.int32))
@@ -225,7 +225,7 @@ class ForwardGraphs:
             self.captures += 1
             # a decode graph's recording step overwrites the shared token array: what is to be fed from it, aside
             aside = be.feed_tokens(np.zeros(k, np.int32), previous, np.arange(k, dtype=np.int32)) if (
-                not prefill and self._holds(previous)) else None
+                k and not prefill and self._holds(previous)) else None
             try:
                 g = _Graph(self.model, self.backend, self.cache, tokens, seqs, self.width, self.block_size,
                            self.pad_block, prefill, self.max_tokens if prefill else None, self.fresh,
@@ -241,7 +241,7 @@ class ForwardGraphs:
         g = self._graphs[key]
         if g is None or g.replay is None:
             return None
-        if g.best is not None and k and not self._holds(previous):
+        if g.best is not None and k and not self._holds(previous):  # tokens picked outside a decode graph
             be.feed_tokens_into(self._picked[:k], previous, self._rows[:k])
         logits = g.run(ids, meta, previous, source, rows)
         if g.best is not None:
