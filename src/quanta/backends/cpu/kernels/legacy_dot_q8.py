@@ -1,15 +1,14 @@
 """Fast-mode row dot products of the legacy formats with 8-bit activations, for each int8 path of ``isa.py``.
 
-``rows_dot_<fmt>_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)``: the frame and the activation layout
-are ``q8_rows.py``'s (blocks in pairs, up to ``LEGACY_ROWS_PER_PASS`` activation rows per pass, one accumulator
-each). Per pair of 32-weight blocks the
-unsigned codes ``u`` (4/5-bit nibbles; Q8_0's signed bytes xor 0x80, i.e. +128) are laid out as the activations:
-``a`` = weights 0-15 of block 2p then of 2p+1, ``b`` = weights 16-31 of both, and meet them in one integer dot
-(``int8_dots``; with AVX2, Q8_0's +128 codes would saturate the i16 pair sums, so there Q8_0 keeps its signed
-bytes and takes llama.cpp's sign trick). The code offset (8 for Q4_0, 16 for Q5_0, 128 for Q8_0 with VNNI) is
-removed exactly by the dot's starting value ``-offset * sum(xq)``; block j adds ``d_j * xd_j * isum_j``
-(+ ``m_j * xsum_j`` for Q4_1/Q5_1). Same result as llama.cpp's ``ggml_vec_dot_q*_q8`` up to fp32 rounding; tested
-against gguf-py's dequantize with a tolerance for the activation rounding, on every path the CPU has.
+``rows_dot_<fmt>_q8(isa, raw2d, r0, r1, xq, xd, xsum, xstart, out, t0, g)``: the frame and the activation layout are
+``q8_rows.py``'s (blocks in pairs, up to ``LEGACY_ROWS_PER_PASS`` activation rows per pass, one accumulator each). Per
+pair of 32-weight blocks the unsigned codes ``u`` (4/5-bit nibbles; Q8_0's signed bytes xor 0x80, i.e. +128) are laid
+out as the activations: ``a`` = weights 0-15 of block 2p then of 2p+1, ``b`` = weights 16-31 of both, and meet them in
+one integer dot (``int8_dots``; with AVX2, Q8_0's +128 codes would saturate the i16 pair sums, so there Q8_0 keeps its
+signed bytes and takes llama.cpp's sign trick). The code offset (8 for Q4_0, 16 for Q5_0, 128 for Q8_0 with VNNI) is
+removed exactly by the dot's starting value ``-offset * sum(xq)``; block j adds ``d_j * xd_j * isum_j`` (+ ``m_j *
+xsum_j`` for Q4_1/Q5_1). Same result as llama.cpp's ``ggml_vec_dot_q*_q8`` up to fp32 rounding; tested against gguf-py's
+dequantize with a tolerance for the activation rounding, on every path the CPU has.
 """
 
 from __future__ import annotations
