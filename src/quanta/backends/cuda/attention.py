@@ -146,9 +146,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, met
               words: WordsCopy | None = None, int8: kv_q8.Int8Layer | None = None,
               pdl_on: bool = False) -> torch.Tensor:
     """Attention of q (n, H, hd), placed by ``meta``, over the pools → ``out`` (n, H*hd) (``int8``: the pools are
-    that int8 layer's codes, and q is rotated: kv_q8.write). A decode batch
-    (``meta.max_query_len == 1``: token i is sequence i) given scratch takes split-KV flash decoding (and, with ``q8``, also writes the
-    output there as int8 activations: only where :func:`flash_decode.writes_q8`). ``words``: prefill also writes
+    that int8 layer's codes, and q is rotated: kv_q8.write). A decode batch (``meta.max_query_len == 1``: token i
+    is sequence i) given scratch takes split-KV flash decoding (and, with ``q8``, also writes the output there as
+    int8 activations: only where :func:`flash_decode.writes_q8`). ``words``: prefill also writes
     the output there as the GEMM's bf16 operand (hd a multiple of 32).
 
     ``exact``: IEEE fp32 products. Otherwise prefill multiplies on the tensor cores: an fp16 cache (the default

@@ -38,11 +38,17 @@ def _dot(a, b, DOT: tl.constexpr):
 
 
 @triton.jit
+def pool_row(blk, p, hk, NSLOTS, BLOCK: tl.constexpr):
+    """Row indices (int64) in a (hkv, n_slots, ·) pool of positions ``p`` ([BN]) in blocks ``blk`` (their block
+    table entries), for KV head ``hk``."""
+    return (hk * NSLOTS + blk * BLOCK + p % BLOCK).to(tl.int64)
+
+
+@triton.jit
 def slot_index(table, p, valid, hk, NSLOTS, BLOCK: tl.constexpr):
     """Row indices (int64) in a (hkv, n_slots, ·) pool of positions ``p`` ([BN]) of the sequence whose block table
     starts at ``table``, for KV head ``hk`` (``valid``: the positions to look up)."""
-    blk = tl.load(table + p // BLOCK, mask=valid, other=0)
-    return (hk * NSLOTS + blk * BLOCK + p % BLOCK).to(tl.int64)
+    return pool_row(tl.load(table + p // BLOCK, mask=valid, other=0), p, hk, NSLOTS, BLOCK)
 
 
 @triton.jit
@@ -172,7 +178,7 @@ def _decode_attention_kernel(q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, r_ptr, pos_p
         valid = (p <= pos) & (p >= lo)
         if start != guess:
             blk = tl.load(table + p // BLOCK, mask=valid, other=0)
-        rows = (hk * NSLOTS + blk * BLOCK + p % BLOCK).to(tl.int64)
+        rows = pool_row(blk, p, hk, NSLOTS, BLOCK)
         k, v = kv_rows(kc_ptr, vc_ptr, ks_ptr, vs_ptr, rows, valid[:, None] & dmask[None, :], d, HD, KV8, False, DOT)
         pdl.wait_prev(PDL)
         if FRESH == 1:

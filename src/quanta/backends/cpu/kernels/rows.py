@@ -125,12 +125,12 @@ def dot_offset(isa, fmt):
 def rows_dot_q8(isa, fmt, raw2d, r0, r1, xq, xd, xsum, xstart, out):
     """``out[t, r]`` for every activation row t and weight row r in [r0, r1), in the instruction set chosen by the
     type of ``isa`` (``isa.token``): each pass over the weights serves up to ``LEGACY_ROWS_PER_PASS`` activation
-    rows of the legacy formats (0-4), ``ROWS_PER_PASS`` of the K-quants, every row computed exactly as alone
+    rows of the legacy formats, ``ROWS_PER_PASS`` of the K-quants, every row computed exactly as alone
     (``q8_rows.py``). The passes of more rows than that take the weights
     ``PASS_BYTES`` at a time, so that the second pass finds them in L1. Activations from
     ``activations.gemv_activations``, for the K-quants (``SUPERBLOCK_FORMATS``) ``superblock_activations``."""
     n = xq.shape[0]
-    per_pass = LEGACY_ROWS_PER_PASS if fmt <= 4 else ROWS_PER_PASS
+    per_pass = ROWS_PER_PASS if fmt in SUPERBLOCK_FORMATS else LEGACY_ROWS_PER_PASS
     step = r1 - r0 if n <= per_pass else max(1, PASS_BYTES // raw2d.shape[1])
     for a in range(r0, r1, step):
         b = min(r1, a + step)
