@@ -92,7 +92,18 @@ def test_paged_attention_of_a_batch(be, window, softcap, dtype, hd):
     (kernel path), then decode steps of both in one batch; each against the naive attention of its own tokens.
     int8 heads of 16 values have one scale group, heads of 64 two groups of 32 (the kernels' fixed-length loop); f16
     heads of 24 values end in a part shorter than the row helpers' 16 lanes."""
-    n_heads, n_kv, b = 6, 2, 4
+    _check_batch(be, window, softcap, dtype, hd, 6, 2)
+
+
+@pytest.mark.parametrize("n_heads,n_kv", [(5, 5), (8, 2), (7, 1), (4, 1)])
+def test_paged_attention_of_every_head_group(be, n_heads, n_kv):
+    """The f16 cache's kernel takes a KV head's query heads together, up to four per pass: one head per KV head,
+    two passes of four, passes of four and three, one pass of four."""
+    _check_batch(be, 0, 0.0, "f16", 64, n_heads, n_kv)
+
+
+def _check_batch(be, window, softcap, dtype, hd, n_heads, n_kv):
+    b = 4
     scale = 1 / np.sqrt(hd)  # as the models scale (scores of the same spread at every head size)
     tables = [[5, 2, 7, 0], [3, 6, 1]]
     lengths = [13, 9]
@@ -109,6 +120,20 @@ def test_paged_attention_of_a_batch(be, window, softcap, dtype, hd):
         out = be.attention(q, k, v, cache, meta, scale=scale, window=window, softcap=softcap)
         want = np.concatenate([pick(refs[j], j) for j in range(2)])
         np.testing.assert_allclose(out, want, **tol)
+
+
+def test_one_long_decode_splits_a_kv_heads_queries_over_the_threads(be):
+    """One token of one KV head with four query heads over 1,100 keys: enough work for the threaded kernel, which
+    then takes the four heads in two passes (one per thread) rather than one."""
+    n_heads, hd, b, n = 4, 64, 16, 1100
+    q, k, v = randn(n, n_heads, hd), randn(n, 1, hd), randn(n, 1, hd)
+    table = list(np.random.default_rng(1).permutation(-(-n // b)))
+    cache = be.kv_cache(KVShape(1, 1, hd, len(table), b), "f16")[0]
+    be.attention(q[:-1], k[:-1], v[:-1], cache, be.metadata(placement([(table, 0, n - 1)], b)), scale=0.125)
+    out = be.attention(q[-1:], k[-1:], v[-1:], cache, be.metadata(placement([(table, n - 1, 1)], b)), scale=0.125)
+    want = attention_reference(q, k, v, np.arange(n), 0.125, 0, 0.0)[-1:]
+    np.testing.assert_allclose(out, want, rtol=0, atol=3e-3)
+
 
 
 @pytest.mark.parametrize("exact", [False, True])

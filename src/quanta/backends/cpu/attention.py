@@ -31,7 +31,7 @@ import types
 import numba
 import numpy as np
 
-from quanta.backends.cpu.kernels.key_runs import add_weighted_run, prefetch_run, scores_of_run
+from quanta.backends.cpu.kernels.key_runs import HEADS_PER_PASS, add_weighted_run, prefetch_run, scores_of_run
 from quanta.backends.cpu.kernels.vector_rows import (
     axpy, exp_shifted, is_half, scaled_axpy, scaled_dot_row, store_row,
 )
@@ -90,11 +90,15 @@ def write_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
 
 
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def _attend_runs(qrow: np.ndarray, keys: np.ndarray, values: np.ndarray, table: np.ndarray, block_size: int, lo: int,
-                 p: int, scale: float, softcap: float, s: np.ndarray, o: np.ndarray) -> None:
-    """One query row's attention over positions lo..p of its KV head (``keys``, ``values``: the head's (slots, hd)
-    f16 pool rows) into ``o``: a paged block's run of slots at a time (``key_runs``); ``s``: score scratch."""
-    m = -np.inf
+def _attend_runs(q: np.ndarray, keys: np.ndarray, values: np.ndarray, table: np.ndarray, block_size: int, lo: int,
+                 p: int, scale: float, softcap: float, s: np.ndarray, best: np.ndarray, o: np.ndarray) -> None:
+    """The attention of query heads ``q`` (G, hd) of one KV head (``keys``, ``values``: its (slots, hd) f16 pool
+    rows) over positions lo..p into ``o`` (G, hd): a paged block's run of slots at a time (``key_runs``: each key
+    and value read once for the G heads); ``s`` (>= G rows of >= p + 1 - lo), ``best``: score and maximum scratch."""
+    g_count, n = q.shape[0], p + 1 - lo
+    scores = s[:g_count]
+    for g in range(g_count):
+        best[g] = -np.inf
     j = lo
     while j <= p:  # one run per paged block; the next block's keys and this one's values asked for ahead
         blk = j // block_size
@@ -103,23 +107,25 @@ def _attend_runs(qrow: np.ndarray, keys: np.ndarray, values: np.ndarray, table: 
             after = table[blk + 1] * block_size
             prefetch_run(keys[after:after + min(block_size, p + 1 - j - count)])
         prefetch_run(values[first:first + count])
-        m = max(m, scores_of_run(s[j - lo:j - lo + count], qrow, keys[first:first + count], np.float32(scale)))
+        scores_of_run(scores, j - lo, q, keys[first:first + count], np.float32(scale), best)
         j += count
-    n = p + 1 - lo
-    if softcap > 0:
-        m = -np.inf
+    for g in range(g_count):
+        row, m = scores[g, :n], best[g]
+        if softcap > 0:
+            m = -np.inf
+            for t in range(n):
+                row[t] = np.float32(softcap * math.tanh(row[t] / softcap))
+                m = max(m, row[t])
+        inv = np.float32(1.0) / exp_shifted(row, m)
         for t in range(n):
-            s[t] = np.float32(softcap * math.tanh(s[t] / softcap))
-            m = max(m, s[t])
-    inv = np.float32(1.0) / exp_shifted(s[:n], m)
-    for t in range(n):
-        s[t] *= inv
-    o[:] = 0.0
+            row[t] *= inv
+    for g in range(g_count):
+        o[g] = 0.0
     j = lo
     while j <= p:
         blk = j // block_size
         first, count = table[blk] * block_size + j - blk * block_size, min((blk + 1) * block_size, p + 1) - j
-        add_weighted_run(o, s[j - lo:j - lo + count], values[first:first + count])
+        add_weighted_run(o, scores, j - lo, values[first:first + count])
         j += count
 
 
@@ -172,22 +178,37 @@ def _attend_keys(qrow: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_s
 def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
                      v_scale: np.ndarray | None, rows: np.ndarray, positions: np.ndarray, token_seq: np.ndarray,
                      block_tables: np.ndarray, block_size: int, scale: float, window: int, softcap: float,
-                     scratch: np.ndarray, q_rows: np.ndarray, out: np.ndarray) -> None:
-    """Attention of the tokens ``rows`` of q (n, heads, hd) → their rows of ``out`` (n, heads * hd). ``scratch``
-    and ``q_rows`` (threads, hd): per-thread score rows and rotated query rows."""
+                     scratch: np.ndarray, best: np.ndarray, q_rows: np.ndarray, out: np.ndarray,
+                     min_tasks: int) -> None:
+    """Attention of the tokens ``rows`` of q (n, heads, hd) → their rows of ``out`` (n, heads, hd). ``scratch``
+    (threads, ``HEADS_PER_PASS``, the longest context), ``best`` (threads, ``HEADS_PER_PASS``) and ``q_rows``
+    (threads, hd): per-thread score rows, their maxima and rotated query rows. With the f16 cache a task is a token
+    and up to ``HEADS_PER_PASS`` query heads of one KV head, fewer where that gives under ``min_tasks`` tasks."""
     n_heads, hd = q.shape[1], q.shape[2]
-    group = n_heads // k_cache.shape[0]
+    n_kv = k_cache.shape[0]
+    group = n_heads // n_kv
+    if k_scale is None and is_half(k_cache):  # the default mode's f16 cache: a KV head's query heads together
+        passes = -(-group // HEADS_PER_PASS)  # of nearly equal sizes; smaller ones where that makes too few tasks
+        if rows.size * n_kv * passes < min_tasks:
+            passes = min(group, -(-min_tasks // (rows.size * n_kv)))
+        for t in numba.prange(rows.size * n_kv * passes):
+            i, kh, part = rows[t // (n_kv * passes)], (t // passes) % n_kv, t % passes
+            h0 = kh * group + part * (group // passes) + min(part, group % passes)
+            g_count = group // passes + (1 if part < group % passes else 0)
+            p = positions[i]
+            lo = max(0, p - window + 1) if window > 0 else 0
+            tid = numba.get_thread_id()
+            _attend_runs(q[i, h0:h0 + g_count], k_cache[kh], v_cache[kh], block_tables[token_seq[i]], block_size, lo,
+                         p, scale, softcap, scratch[tid], best[tid], out[i, h0:h0 + g_count])
+        return
     for t in numba.prange(rows.size * n_heads):
         i, h = rows[t // n_heads], t % n_heads
         kh = h // group
         p = positions[i]
         table = block_tables[token_seq[i]]
         lo = max(0, p - window + 1) if window > 0 else 0
-        s = scratch[numba.get_thread_id()]
-        o = out[i, h * hd:(h + 1) * hd]
-        if k_scale is None and is_half(k_cache):  # the default mode's f16 cache: a paged block's slots at a time
-            _attend_runs(q[i, h], k_cache[kh], v_cache[kh], table, block_size, lo, p, scale, softcap, s, o)
-            continue
+        s = scratch[numba.get_thread_id(), 0]
+        o = out[i, h]
         qrow = q[i, h]
         if k_scale is not None:  # the keys are stored rotated
             qrow = q_rows[numba.get_thread_id()]

@@ -51,7 +51,7 @@ class CPUBackend(Backend):
         self.set_threads(self.threads)
         self._buffers: dict[str, np.ndarray] = {}
         self._views: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
-        self._scratch = np.zeros((0, 0), np.float32)  # per-thread score rows of the attention kernel
+        self._scratch = np.zeros((0, 0, 0), np.float32)  # per-thread score rows of the attention kernel
         self._rows = np.zeros(0, np.int32)
         self._plan: _qmatmul.RowPlan | None = None  # prefill and decode rows of the forward metadata() described last
 
@@ -115,9 +115,9 @@ class CPUBackend(Backend):
             rows = np.flatnonzero(small).astype(np.int32)
         chunks = tuple((int(starts[j]), int(starts[j + 1]), j) for j in large)
         longest = int(host.positions[rows].max()) + 1 if rows.size else 0
-        if self._scratch.shape[1] < longest:
-            self._scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, max(longest, 2 * self._scratch.shape[1])),
-                                     np.float32)
+        if self._scratch.shape[2] < longest:  # score rows of a pass's heads
+            self._scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, _attention.HEADS_PER_PASS,
+                                      max(longest, 2 * self._scratch.shape[2])), np.float32)
         return CPUAttentionMetadata(host.positions, host.slots, host.token_seq, host.block_tables, host.seq_lens,
                                     starts, host.n_seqs, host.max_query_len, host.block_size, host.prefill,
                                     kernel_rows=rows, blas_chunks=chunks, kernel_context=longest)
@@ -208,9 +208,13 @@ class CPUBackend(Backend):
         if meta.kernel_rows.size:
             small = meta.kernel_rows.size * n_heads * meta.kernel_context * hd < SERIAL_ATTENTION_MAX_MACS
             kernel = _attention.attention_kernel_serial if small else _attention.attention_kernel
+            heads_view = out.view()
+            heads_view.shape = (n, n_heads, hd)  # a view, never a copy (raises where out's layout would need one)
             kernel(q, k_cache, v_cache, k_scale, v_scale, meta.kernel_rows, meta.positions, meta.token_seq,
                    meta.block_tables, b, float(scale), int(window), float(softcap), self._scratch,
-                   self.buffer("_q_rows", (numba.config.NUMBA_NUM_THREADS, hd)), out)
+                   self.buffer("_best", (numba.config.NUMBA_NUM_THREADS, _attention.HEADS_PER_PASS)),
+                   self.buffer("_q_rows", (numba.config.NUMBA_NUM_THREADS, hd)), heads_view,
+                   1 if small else self.threads)
         return out
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:

@@ -1,12 +1,13 @@
-"""Intrinsics over a run of consecutive KV slots (the part of a paged block a query sees): a query's scores against
-the run's keys, and the weighted sum of its values.
+"""Intrinsics over a run of consecutive KV slots (the part of a paged block a query sees): the scores of a KV head's
+query heads against the run's keys, and the weighted sums of its values.
 
 The decode attention on the CPU met its keys one at a time: a dot product with a horizontal sum per key, and an
-``o += w * v`` per value that went through memory (each key's update waited on the one before it). Here four keys
-share each load of the query and keep four independent sums, and the weighted sum keeps ``LANES`` of the output in
-registers across the whole run (four running sums, added once at the end). Rows are float32, f16 (uint16 bits) or
-int8 (taken as they are: an int8 cache's scales are not applied here); tested against numpy in
-tests/backends/cpu/test_key_runs.py.
+``o += w * v`` per value that went through memory (each key's update waited on the one before it). Here a few keys
+share each load of the queries and keep independent sums, the weighted sums keep their slice of the output in
+registers across the whole run (added once at the end), and the query heads that share a KV head (GQA) share each
+key's and value's load and f16 conversion (``HEADS_PER_PASS`` at most; the conversion, one instruction per 8 values
+on AVX2, bounded the per-head loop). Rows are float32, f16 (uint16 bits) or int8 (taken as they are: an int8
+cache's scales are not applied here); tested against numpy in tests/backends/cpu/test_key_runs.py.
 """
 
 from __future__ import annotations
@@ -16,18 +17,25 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from quanta.backends.cpu.kernels.simd import F32, I8, I16, I32, LANES, fma, hsum, load_vec, splat, vec, zeros
+from quanta.backends.cpu.kernels.simd import F32, I8, I16, I32, fma, load_vec, splat, vec, zeros
 from quanta.backends.cpu.kernels.vector_rows import as_f32, row_of
 
-KEYS_PER_STEP = 4  # keys (or values) per iteration: independent sums in flight
+HEADS_PER_PASS = 4  # query heads of one KV head served by each load of its keys and values (GQA)
+# per number of heads in a pass: the vectors' lanes and the keys (or independent sums) per step, so that the sums
+# (heads x keys vectors), the query rows and one key stay within AVX2's sixteen registers
+_STEP_SHAPE = {1: (16, 4), 2: (8, 4), 3: (8, 4), 4: (8, 2)}
 _ELEMENTS = {types.float32: F32, types.uint16: I16, types.int8: I8}
 
 
 def _element(rows):
     """The LLVM element type of a run argument's rows, or None where it is not a C-contiguous 2-D array of a
     supported dtype (the intrinsic then does not type)."""
-    ok = isinstance(rows, types.Array) and rows.ndim == 2 and rows.layout == "C" and rows.dtype in _ELEMENTS
-    return _ELEMENTS[rows.dtype] if ok else None
+    return _ELEMENTS[rows.dtype] if _is_rows(rows) and rows.dtype in _ELEMENTS else None
+
+
+def _is_rows(a, dtype=None) -> bool:
+    """Whether ``a`` is a C-contiguous 2-D array (of ``dtype`` if given)."""
+    return isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" and dtype in (None, a.dtype)
 
 
 def _run(context, builder, ty, value):
@@ -37,19 +45,31 @@ def _run(context, builder, ty, value):
     return arr.data, rows, width
 
 
-def _keys_then_rest(builder, n, step) -> None:
-    """``step(first, count)`` for the ``n`` rows ``KEYS_PER_STEP`` at a time, then one at a time."""
-    four = ir.Constant(n.type, KEYS_PER_STEP)
-    with cgutils.for_range(builder, builder.sdiv(n, four)) as loop:
-        step(builder.mul(loop.index, four), KEYS_PER_STEP)
-    with cgutils.for_range_slice(builder, builder.mul(builder.sdiv(n, four), four), n, ir.Constant(n.type, 1)) as (
+def _keys_then_rest(builder, n, step, per_step: int) -> None:
+    """``step(first, count)`` for the ``n`` rows ``per_step`` at a time, then one at a time."""
+    size = ir.Constant(n.type, per_step)
+    with cgutils.for_range(builder, builder.sdiv(n, size)) as loop:
+        step(builder.mul(loop.index, size), per_step)
+    with cgutils.for_range_slice(builder, builder.mul(builder.sdiv(n, size), size), n, ir.Constant(n.type, 1)) as (
             j, _):
         step(j, 1)
 
 
-def _sums_of_four(builder, accs):
-    """<4 x float>: the lane sums of four <LANES x float> vectors, in one reduction (pairwise adds of shuffled
-    halves, as ``vhaddps`` does) instead of four."""
+def _for_heads(builder, heads, emit) -> None:
+    """``emit(g)`` for the run-time number of heads ``heads`` (1 to ``HEADS_PER_PASS``; nothing for others)."""
+    def dispatch(g: int) -> None:
+        with builder.if_else(builder.icmp_signed("==", heads, ir.Constant(heads.type, g))) as (then, otherwise):
+            with then:
+                emit(g)
+            with otherwise:
+                if g < HEADS_PER_PASS:
+                    dispatch(g + 1)
+    dispatch(1)
+
+
+def _sums(builder, accs):
+    """<4 x float>: the lane sums of up to four <8 or 16 x float> vectors (zero in the lanes past them), in one
+    reduction (pairwise adds of shuffled halves, as ``vhaddps`` does) instead of one each."""
     def halves(v, n):
         lo = builder.shuffle_vector(v, v, ir.Constant(vec(I32, n // 2), list(range(n // 2))))
         hi = builder.shuffle_vector(v, v, ir.Constant(vec(I32, n // 2), list(range(n // 2, n))))
@@ -60,121 +80,162 @@ def _sums_of_four(builder, accs):
         odd = builder.shuffle_vector(a, b, ir.Constant(vec(I32, 8), [1, 3, 9, 11, 5, 7, 13, 15]))
         return builder.fadd(even, odd)
 
-    eights = [halves(a, LANES) for a in accs]  # 16 → 8 lanes each
+    eights = [halves(a, 16) if a.type.count == 16 else a for a in accs]  # 16 → 8 lanes each
+    eights += [zeros(8)] * (4 - len(eights))
     sums = pair_sums(pair_sums(eights[0], eights[1]), pair_sums(eights[2], eights[3]))
     return halves(sums, 8)
 
 
+def _max_of_four(builder, v):
+    """The largest lane of a <4 x float>."""
+    maxnum = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(F32, 4), [vec(F32, 4)] * 2),
+                                            "llvm.maxnum.v4f32")
+    pairs = builder.call(maxnum, [v, builder.shuffle_vector(v, v, ir.Constant(vec(I32, 4), [2, 3, 0, 1]))])
+    swapped = builder.shuffle_vector(pairs, pairs, ir.Constant(vec(I32, 4), [1, 0, 3, 2]))
+    return builder.extract_element(builder.call(maxnum, [pairs, swapped]), ir.Constant(I32, 0))
+
+
 @intrinsic
-def scores_of_run(typingctx, scores, q, keys, scale):
-    """``scores[j] = scale * (q · keys[j])`` for the rows of a C-contiguous (n, d) float32 or f16 ``keys`` and a
-    float32 row ``q`` of d values; returns the largest score (-inf for no rows)."""
+def scores_of_run(typingctx, scores, start, q, keys, scale, best):
+    """``scores[g, start + j] = scale * (q[g] · keys[j])`` for the rows j of a C-contiguous (n, d) float32, f16 or
+    int8 ``keys`` and each of the G <= ``HEADS_PER_PASS`` float32 query rows of ``q`` (G, d) (``scores``: G rows,
+    C-contiguous); ``best[g]`` becomes the larger of itself and head g's largest score. Each key is loaded and
+    converted once for the G heads."""
     elt = _element(keys)
-    if elt is None:
+    if elt is None or not (_is_rows(q, types.float32) and _is_rows(scores, types.float32)):
         return None
 
     def codegen(context, builder, signature, args):
-        sp, _ = row_of(context, builder, scores, args[0])
-        qp, _ = row_of(context, builder, q, args[1])
-        kp, n, d = _run(context, builder, keys, args[2])
-        s = context.cast(builder, args[3], signature.args[3], types.float32)
-        best = cgutils.alloca_once_value(builder, ir.Constant(vec(F32, 4), [float("-inf")] * 4))
-        accs = [cgutils.alloca_once_value(builder, zeros()) for _ in range(KEYS_PER_STEP)]
-        tails = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(KEYS_PER_STEP)]
-        lanes = ir.Constant(d.type, LANES)
-        whole = builder.mul(builder.sdiv(d, lanes), lanes)
-        maxnum = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(F32, 4), [vec(F32, 4)] * 2),
-                                                "llvm.maxnum.v4f32")
+        sp, _, width = _run(context, builder, scores, args[0])
+        at = context.cast(builder, args[1], signature.args[1], types.intp)
+        qp, heads, d = _run(context, builder, q, args[2])
+        kp, n, _ = _run(context, builder, keys, args[3])
+        s = context.cast(builder, args[4], signature.args[4], types.float32)
+        bp, _ = row_of(context, builder, best, args[5])
 
-        def step(first, count):
-            rows = [builder.mul(builder.add(first, ir.Constant(first.type, i)), d) for i in range(count)]
-            for i in range(count):
-                builder.store(zeros(), accs[i])
-                builder.store(ir.Constant(F32, 0.0), tails[i])
-            with cgutils.for_range(builder, builder.sdiv(d, lanes)) as loop:
-                off = builder.mul(loop.index, lanes)
-                qv = load_vec(builder, qp, off, F32)
-                for i in range(count):
-                    k = as_f32(builder, load_vec(builder, kp, builder.add(rows[i], off), elt), keys.dtype)
-                    builder.store(fma(builder, qv, k, builder.load(accs[i])), accs[i])
-            with cgutils.for_range_slice(builder, whole, d, ir.Constant(d.type, 1)) as (e, _):
-                qe = builder.load(builder.gep(qp, [e]))
-                for i in range(count):
-                    k = as_f32(builder, builder.load(builder.gep(kp, [builder.add(rows[i], e)])), keys.dtype)
-                    builder.store(builder.fadd(builder.load(tails[i]), builder.fmul(qe, k)), tails[i])
-            tail = ir.Constant(vec(F32, 4), [0.0] * 4)
-            for i in range(count):
-                tail = builder.insert_element(tail, builder.load(tails[i]), ir.Constant(I32, i))
-            if count == KEYS_PER_STEP:
-                dots = _sums_of_four(builder, [builder.load(acc) for acc in accs])
-            else:  # one key: its sum in lane 0, the other lanes -inf for the maximum
-                dots = builder.insert_element(ir.Constant(vec(F32, 4), [0.0] + [float("-inf")] * 3),
-                                              hsum(builder, builder.load(accs[0])), ir.Constant(I32, 0))
-            found = builder.fmul(splat(builder, s, 4), builder.fadd(dots, tail))
-            builder.store(builder.call(maxnum, [builder.load(best), found]), best)
-            for i in range(count):
-                builder.store(builder.extract_element(found, ir.Constant(I32, i)),
-                              builder.gep(sp, [builder.add(first, ir.Constant(first.type, i))]))
+        def emit(g_count: int) -> None:
+            lanes, per_step = _STEP_SHAPE[g_count]
+            heads_ = range(g_count)
+            accs = [[cgutils.alloca_once_value(builder, zeros(lanes)) for _ in range(per_step)] for _ in heads_]
+            tails = [[cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(per_step)]
+                     for _ in heads_]
+            bests = [cgutils.alloca_once_value(builder, ir.Constant(vec(F32, 4), [float("-inf")] * 4))
+                     for _ in heads_]
+            q_rows = [builder.mul(ir.Constant(d.type, g), d) for g in heads_]
+            whole = builder.mul(builder.sdiv(d, ir.Constant(d.type, lanes)), ir.Constant(d.type, lanes))
+            maxnum = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec(F32, 4), [vec(F32, 4)] * 2), "llvm.maxnum.v4f32")
 
-        _keys_then_rest(builder, n, step)
-        top = builder.load(best)
-        pairs = builder.call(maxnum, [top, builder.shuffle_vector(top, top, ir.Constant(vec(I32, 4), [2, 3, 0, 1]))])
-        swapped = builder.shuffle_vector(pairs, pairs, ir.Constant(vec(I32, 4), [1, 0, 3, 2]))
-        last = builder.call(maxnum, [pairs, swapped])
-        return builder.extract_element(last, ir.Constant(I32, 0))
-
-    return types.float32(scores, q, keys, scale), codegen
-
-
-@intrinsic
-def add_weighted_run(typingctx, o, weights, values):
-    """``o[:] += Σ_j weights[j] * values[j]`` for a float32 row ``o`` of d values and the rows of a C-contiguous
-    (n, d) float32 or f16 ``values``."""
-    elt = _element(values)
-    if elt is None:
-        return None
-
-    def codegen(context, builder, signature, args):
-        op, _ = row_of(context, builder, o, args[0])
-        wp, _ = row_of(context, builder, weights, args[1])
-        vp, n, d = _run(context, builder, values, args[2])
-        accs = [cgutils.alloca_once_value(builder, zeros()) for _ in range(KEYS_PER_STEP)]
-        tail = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
-        lanes = ir.Constant(d.type, LANES)
-
-        def column(off, width):  # o[off:off + width] += the run's weighted values there
             def step(first, count):
-                for i in range(count):
-                    j = builder.add(first, ir.Constant(first.type, i))
-                    w = builder.load(builder.gep(wp, [j]))
-                    at = builder.add(builder.mul(j, d), off)
-                    if width == LANES:
-                        x = as_f32(builder, load_vec(builder, vp, at, elt), values.dtype)
-                        builder.store(fma(builder, splat(builder, w), x, builder.load(accs[i])), accs[i])
-                    else:
-                        x = as_f32(builder, builder.load(builder.gep(vp, [at])), values.dtype)
-                        builder.store(builder.fadd(builder.load(tail), builder.fmul(w, x)), tail)
-            return step
+                rows = [builder.mul(builder.add(first, ir.Constant(first.type, i)), d) for i in range(count)]
+                for g in heads_:
+                    for i in range(count):
+                        builder.store(zeros(lanes), accs[g][i])
+                        builder.store(ir.Constant(F32, 0.0), tails[g][i])
+                with cgutils.for_range(builder, builder.sdiv(d, ir.Constant(d.type, lanes))) as loop:
+                    off = builder.mul(loop.index, ir.Constant(d.type, lanes))
+                    for i in range(count):
+                        k = as_f32(builder, load_vec(builder, kp, builder.add(rows[i], off), elt, lanes), keys.dtype)
+                        for g in heads_:
+                            qv = load_vec(builder, qp, builder.add(q_rows[g], off), F32, lanes)
+                            builder.store(fma(builder, qv, k, builder.load(accs[g][i])), accs[g][i])
+                with cgutils.for_range_slice(builder, whole, d, ir.Constant(d.type, 1)) as (e, _):
+                    for i in range(count):
+                        k = as_f32(builder, builder.load(builder.gep(kp, [builder.add(rows[i], e)])), keys.dtype)
+                        for g in heads_:
+                            qe = builder.load(builder.gep(qp, [builder.add(q_rows[g], e)]))
+                            builder.store(builder.fadd(builder.load(tails[g][i]), builder.fmul(qe, k)), tails[g][i])
+                for g in heads_:
+                    tail = ir.Constant(vec(F32, 4), [0.0] * 4)
+                    for i in range(count):
+                        tail = builder.insert_element(tail, builder.load(tails[g][i]), ir.Constant(I32, i))
+                    dots = _sums(builder, [builder.load(accs[g][i]) for i in range(count)])
+                    found = builder.fmul(splat(builder, s, 4), builder.fadd(dots, tail))
+                    seen = found if count == 4 else builder.shuffle_vector(  # lanes past the run: -inf
+                        found, ir.Constant(vec(F32, 4), [float("-inf")] * 4),
+                        ir.Constant(vec(I32, 4), [*range(count), *range(4 + count, 8)]))
+                    builder.store(builder.call(maxnum, [builder.load(bests[g]), seen]), bests[g])
+                    row = builder.add(builder.mul(ir.Constant(width.type, g), width), builder.add(at, first))
+                    for i in range(count):
+                        builder.store(builder.extract_element(found, ir.Constant(I32, i)),
+                                      builder.gep(sp, [builder.add(row, ir.Constant(row.type, i))]))
 
-        with cgutils.for_range(builder, builder.sdiv(d, lanes)) as loop:
-            off = builder.mul(loop.index, lanes)
-            for acc in accs:
-                builder.store(zeros(), acc)
-            _keys_then_rest(builder, n, column(off, LANES))
-            total = builder.fadd(builder.fadd(builder.load(accs[0]), builder.load(accs[1])),
-                                 builder.fadd(builder.load(accs[2]), builder.load(accs[3])))
-            target = builder.bitcast(builder.gep(op, [off]), vec(F32).as_pointer())
-            builder.store(builder.fadd(builder.load(target, align=1), total), target, align=1)
-        whole = builder.mul(builder.sdiv(d, lanes), lanes)
-        with cgutils.for_range_slice(builder, whole, d, ir.Constant(d.type, 1)) as (e, _):
-            builder.store(ir.Constant(F32, 0.0), tail)
-            with cgutils.for_range(builder, n) as loop:
-                column(e, 1)(loop.index, 1)
-            target = builder.gep(op, [e])
-            builder.store(builder.fadd(builder.load(target), builder.load(tail)), target)
+            _keys_then_rest(builder, n, step, per_step)
+            for g in heads_:
+                slot = builder.gep(bp, [ir.Constant(d.type, g)])
+                top = _max_of_four(builder, builder.load(bests[g]))
+                builder.store(builder.select(builder.fcmp_ordered(">", top, builder.load(slot)), top,
+                                             builder.load(slot)), slot)
+
+        _for_heads(builder, heads, emit)
         return context.get_dummy_value()
 
-    return types.none(o, weights, values), codegen
+    return types.none(scores, start, q, keys, scale, best), codegen
+
+
+@intrinsic
+def add_weighted_run(typingctx, o, weights, start, values):
+    """``o[g] += Σ_j weights[g, start + j] * values[j]`` for each of the G <= ``HEADS_PER_PASS`` float32 rows of
+    ``o`` (G, d) and the rows j of a C-contiguous (n, d) float32, f16 or int8 ``values`` (``weights``: G rows,
+    C-contiguous). Each value is loaded and converted once for the G heads."""
+    elt = _element(values)
+    if elt is None or not (_is_rows(o, types.float32) and _is_rows(weights, types.float32)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        op, heads, d = _run(context, builder, o, args[0])
+        wp, _, width = _run(context, builder, weights, args[1])
+        at = context.cast(builder, args[2], signature.args[2], types.intp)
+        vp, n, _ = _run(context, builder, values, args[3])
+
+        def emit(g_count: int) -> None:
+            lanes, per_step = _STEP_SHAPE[g_count]
+            heads_ = range(g_count)
+            accs = [[cgutils.alloca_once_value(builder, zeros(lanes)) for _ in range(per_step)] for _ in heads_]
+            tail = cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0))
+            w_rows = [builder.add(builder.mul(ir.Constant(width.type, g), width), at) for g in heads_]
+
+            def column(off):  # o[g, off:off + lanes] += the run's weighted values there
+                def step(first, count):
+                    for i in range(count):
+                        j = builder.add(first, ir.Constant(first.type, i))
+                        spot = builder.add(builder.mul(j, d), off)
+                        x = as_f32(builder, load_vec(builder, vp, spot, elt, lanes), values.dtype)
+                        for g in heads_:
+                            w = splat(builder, builder.load(builder.gep(wp, [builder.add(w_rows[g], j)])), lanes)
+                            builder.store(fma(builder, w, x, builder.load(accs[g][i])), accs[g][i])
+                return step
+
+            with cgutils.for_range(builder, builder.sdiv(d, ir.Constant(d.type, lanes))) as loop:
+                off = builder.mul(loop.index, ir.Constant(d.type, lanes))
+                for g in heads_:
+                    for acc in accs[g]:
+                        builder.store(zeros(lanes), acc)
+                _keys_then_rest(builder, n, column(off), per_step)
+                for g in heads_:
+                    total = builder.load(accs[g][0])
+                    for acc in accs[g][1:]:
+                        total = builder.fadd(total, builder.load(acc))
+                    target = builder.bitcast(builder.gep(op, [builder.add(builder.mul(ir.Constant(d.type, g), d), off)]),
+                                             vec(F32, lanes).as_pointer())
+                    builder.store(builder.fadd(builder.load(target, align=1), total), target, align=1)
+            whole = builder.mul(builder.sdiv(d, ir.Constant(d.type, lanes)), ir.Constant(d.type, lanes))
+            for g in heads_:  # the columns past the vectors, a head and a value at a time
+                with cgutils.for_range_slice(builder, whole, d, ir.Constant(d.type, 1)) as (e, _):
+                    builder.store(ir.Constant(F32, 0.0), tail)
+                    with cgutils.for_range(builder, n) as loop:
+                        j = loop.index
+                        x = as_f32(builder, builder.load(builder.gep(vp, [builder.add(builder.mul(j, d), e)])),
+                                   values.dtype)
+                        w = builder.load(builder.gep(wp, [builder.add(w_rows[g], j)]))
+                        builder.store(builder.fadd(builder.load(tail), builder.fmul(w, x)), tail)
+                    target = builder.gep(op, [builder.add(builder.mul(ir.Constant(d.type, g), d), e)])
+                    builder.store(builder.fadd(builder.load(target), builder.load(tail)), target)
+
+        _for_heads(builder, heads, emit)
+        return context.get_dummy_value()
+
+    return types.none(o, weights, start, values), codegen
 
 
 @intrinsic
