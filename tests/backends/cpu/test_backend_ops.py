@@ -98,7 +98,7 @@ def test_paged_attention_of_a_batch(be, window, softcap, dtype, hd):
 @pytest.mark.parametrize("n_heads,n_kv", [(5, 5), (8, 2), (7, 1), (4, 1)])
 def test_paged_attention_of_every_head_group(be, n_heads, n_kv):
     """The f16 cache's kernel takes a KV head's query heads together, up to four per pass: one head per KV head,
-    two passes of four, passes of four and three, one pass of four."""
+    two passes of four, passes of four and three, and (one KV head, two threads) two passes of two."""
     _check_batch(be, 0, 0.0, "f16", 64, n_heads, n_kv)
 
 
@@ -122,9 +122,9 @@ def _check_batch(be, window, softcap, dtype, hd, n_heads, n_kv):
         np.testing.assert_allclose(out, want, **tol)
 
 
-def test_one_long_decode_splits_a_kv_heads_queries_over_the_threads(be):
-    """One token of one KV head with four query heads over 1,100 keys: enough work for the threaded kernel, which
-    then takes the four heads in two passes (one per thread) rather than one."""
+def test_one_long_decode_over_the_threads(be):
+    """One token of one KV head with four query heads over 1,100 keys (69 paged blocks): enough work for the
+    threaded kernel, whose two passes of two heads go one to each thread."""
     n_heads, hd, b, n = 4, 64, 16, 1100
     q, k, v = randn(n, n_heads, hd), randn(n, 1, hd), randn(n, 1, hd)
     table = list(np.random.default_rng(1).permutation(-(-n // b)))

@@ -15,12 +15,13 @@ and head. The new tokens' K/V are written at their slots first.
 
 Few queries of a sequence (decode): a numba kernel where each (token, head) pair computes its scores into a
 per-thread scratch row, a float32 softmax (exp 16 lanes at a time) and the weighted sum of V, reading keys through
-the block table: with the default f16 cache a paged block's run of slots at a time (``key_runs``: four keys per
-step, the output held in registers; the next block's keys asked for ahead), a key at a time for the float32 and
+the block table: with the default f16 cache a paged block's run of slots at a time for up to four query heads of
+one KV head together (``key_runs``: a few keys per step, each key and value loaded and converted once for those
+heads, the output held in registers; the next block's keys asked for ahead), a key at a time for the float32 and
 int8 caches. Many (a prefill chunk): the same formula with BLAS over each kv head's score matrix, on the sequence's
 keys gathered once per layer (a view when its blocks are consecutive). Both are the textbook formula of HF's eager
-attention; tests compare them with a naive numpy version. Every (token, head) pair is computed on its own, so a
-token's output does not depend on the other sequences of its batch.
+attention; tests compare them with a naive numpy version. Which heads share a pass depends on the model and the
+thread count only, so a token's output does not depend on the other sequences of its batch.
 """
 
 from __future__ import annotations
@@ -183,14 +184,15 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
     """Attention of the tokens ``rows`` of q (n, heads, hd) → their rows of ``out`` (n, heads, hd). ``scratch``
     (threads, ``HEADS_PER_PASS``, the longest context), ``best`` (threads, ``HEADS_PER_PASS``) and ``q_rows``
     (threads, hd): per-thread score rows, their maxima and rotated query rows. With the f16 cache a task is a token
-    and up to ``HEADS_PER_PASS`` query heads of one KV head, fewer where that gives under ``min_tasks`` tasks."""
+    and up to ``HEADS_PER_PASS`` query heads of one KV head, fewer where one token would make under ``min_tasks``
+    tasks (the threads: Gemma-3's one KV head and four query heads go in two passes of two)."""
     n_heads, hd = q.shape[1], q.shape[2]
     n_kv = k_cache.shape[0]
     group = n_heads // n_kv
     if k_scale is None and is_half(k_cache):  # the default mode's f16 cache: a KV head's query heads together
-        passes = -(-group // HEADS_PER_PASS)  # of nearly equal sizes; smaller ones where that makes too few tasks
-        if rows.size * n_kv * passes < min_tasks:
-            passes = min(group, -(-min_tasks // (rows.size * n_kv)))
+        passes = -(-group // HEADS_PER_PASS)  # of nearly equal sizes; smaller where a token would make too few
+        if n_kv * passes < min_tasks:  # tasks (never a function of the batch: a row's arithmetic must not be)
+            passes = min(group, -(-min_tasks // n_kv))
         for t in numba.prange(rows.size * n_kv * passes):
             i, kh, part = rows[t // (n_kv * passes)], (t // passes) % n_kv, t % passes
             h0 = kh * group + part * (group // passes) + min(part, group % passes)

@@ -214,7 +214,7 @@ class CPUBackend(Backend):
                    meta.block_tables, b, float(scale), int(window), float(softcap), self._scratch,
                    self.buffer("_best", (numba.config.NUMBA_NUM_THREADS, _attention.HEADS_PER_PASS)),
                    self.buffer("_q_rows", (numba.config.NUMBA_NUM_THREADS, hd)), heads_view,
-                   1 if small else self.threads)
+                   self.threads)
         return out
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
