@@ -183,7 +183,7 @@ class CPUBackend(Backend):
         if out is None:
             out = np.empty_like(x)
         d = x.shape[-1]
-        _ops.rms_norm_rows(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
+        _ops.rms_norm_rows(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d), self.exact)
         return out
 
     def rope(self, x: np.ndarray, positions: np.ndarray, table: Any, *, neox: bool) -> np.ndarray:
