@@ -82,7 +82,7 @@ def _both(fn):
 _RMS, _ROPE, _SILU, _GELU, _GATED = (_both(f) for f in (_rms_norm_rows, _rope_rows, _silu_mul_flat, _gelu_mul_flat,
                                                        _gated_mul_rows))
 # fast mode's RMSNorm: the sum of squares reassociated into vector lanes (the exact kernel's serial float32 chain
-# is latency-bound: ~1 us a row of 576), each row still on its own (the same result whatever the batch)
+# is latency-bound: ~1 us a row of 576), each row on its own (the same result whatever the batch)
 _RMS_FAST = numba.njit(fastmath={"reassoc", "contract"}, **_JIT)(
     types.FunctionType(_rms_norm_rows.__code__.replace(co_name="_rms_norm_rows_fast",
                                                       co_qualname="_rms_norm_rows_fast"),
@@ -90,8 +90,10 @@ _RMS_FAST = numba.njit(fastmath={"reassoc", "contract"}, **_JIT)(
 
 
 def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray, exact: bool = True) -> None:
-    """RMSNorm of (n, d) rows into ``out``; ``exact=False``: fast mode's vectorised sum of squares (serial)."""
-    if exact or x.size >= PARALLEL_MIN_ELEMENTS:
+    """RMSNorm of (n, d) rows into ``out``; ``exact=False``: fast mode's vectorised sum of squares, on the calling
+    thread at every size (a threaded copy, compiled apart, could vectorise a row another way: a row's result would
+    then depend on its batch's size)."""
+    if exact:
         _RMS[x.size >= PARALLEL_MIN_ELEMENTS](x, w, eps, out)
     else:
         _RMS_FAST(x, w, eps, out)
