@@ -216,8 +216,8 @@ def add_weighted_run(typingctx, o, weights, start, values):
                     total = builder.load(accs[g][0])
                     for acc in accs[g][1:]:
                         total = builder.fadd(total, builder.load(acc))
-                    at = builder.add(builder.mul(ir.Constant(d.type, g), d), off)
-                    target = builder.bitcast(builder.gep(op, [at]), vec(F32, lanes).as_pointer())
+                    spot = builder.add(builder.mul(ir.Constant(d.type, g), d), off)
+                    target = builder.bitcast(builder.gep(op, [spot]), vec(F32, lanes).as_pointer())
                     builder.store(builder.fadd(builder.load(target, align=1), total), target, align=1)
             whole = builder.mul(builder.sdiv(d, ir.Constant(d.type, lanes)), ir.Constant(d.type, lanes))
             for g in heads_:  # the columns past the vectors, a head and a value at a time
