@@ -2,7 +2,8 @@
 
 All take float32 C-contiguous arrays viewed as rows (n, d) and write into ``out`` (which may alias the input).
 Reductions accumulate in float32 like the references (HF in fp32, llama.cpp's ggml ops) they are tested
-against; numba's fastmath is off so results do not depend on vectorisation choices.
+against; numba's fastmath is off so results do not depend on vectorisation choices, except in fast mode's RMSNorm
+(one compilation, its sum of squares in vector lanes).
 """
 
 from __future__ import annotations
