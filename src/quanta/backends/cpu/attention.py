@@ -27,7 +27,6 @@ thread count only, so a token's output does not depend on the other sequences of
 from __future__ import annotations
 
 import math
-import types
 
 import numba
 import numpy as np
@@ -36,6 +35,7 @@ from quanta.backends.cpu.kernels.key_runs import HEADS_PER_PASS, add_weighted_ru
 from quanta.backends.cpu.kernels.vector_rows import (
     axpy, exp_shifted, is_half, scaled_axpy, scaled_dot_row, store_row,
 )
+from quanta.backends.cpu.ops import renamed
 
 QUERY_TILE = 128  # prefill queries per score matrix
 
@@ -221,20 +221,11 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
             hadamard(o)  # back from the values' rotation
 
 
-def _renamed(func, name: str):
-    """A copy of ``func`` under another name. numba keys its disk cache by a function's name and line, not by its
-    compile flags: two builds of one function share an index, and either may load the other's code (the parallel
-    build in the serial dispatcher crashed a process)."""
-    copy = types.FunctionType(func.__code__.replace(co_name=name, co_qualname=name), func.__globals__, name)
-    copy.__qualname__ = name
-    return copy
-
-
 # the same kernel without an OpenMP region, for a decode batch too small to pay for waking the other threads. It
 # still calls numba.get_thread_id(): loaded from the disk cache into a process whose threading layer has not started,
 # it crashes (CPUThreads starts it, with numba.set_num_threads, before any forward)
 attention_kernel_serial = numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})(
-    _renamed(attention_kernel.py_func, "attention_kernel_serial"))
+    renamed(attention_kernel.py_func, "attention_kernel_serial"))
 
 
 def hadamard_matrix(n: int) -> np.ndarray:

@@ -72,22 +72,26 @@ def _gated_mul_rows(gate: np.ndarray, up: np.ndarray, out: np.ndarray, gelu: boo
             silu_mul_row(gate[i], up[i], out[i])
 
 
+def renamed(func, name: str):
+    """A copy of ``func`` under another name. numba keys its disk cache by a function's name and line, not by its
+    compile flags: two builds of one function share an index, and either may load the other's code (the parallel
+    build in the serial dispatcher crashed a process)."""
+    copy = types.FunctionType(func.__code__.replace(co_name=name, co_qualname=name), func.__globals__, name,
+                              func.__defaults__)
+    copy.__qualname__ = name
+    return copy
+
+
 def _both(fn):
-    """(serial, parallel) compilations of one kernel: prange runs as range in the serial one. The parallel
-    copy gets its own qualname so numba's disk cache keeps the two apart."""
-    par = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_parallel", fn.__defaults__)
-    par.__qualname__ = fn.__qualname__ + "_parallel"
-    return numba.njit(**_JIT)(fn), numba.njit(parallel=True, **_JIT)(par)
+    """(serial, parallel) compilations of one kernel: prange runs as range in the serial one."""
+    return numba.njit(**_JIT)(fn), numba.njit(parallel=True, **_JIT)(renamed(fn, fn.__name__ + "_parallel"))
 
 
 _RMS, _ROPE, _SILU, _GELU, _GATED = (_both(f) for f in (_rms_norm_rows, _rope_rows, _silu_mul_flat, _gelu_mul_flat,
                                                        _gated_mul_rows))
 # fast mode's RMSNorm: the sum of squares reassociated into vector lanes (the exact kernel's serial float32 chain
 # is latency-bound: ~1 us a row of 576), each row on its own (the same result whatever the batch)
-_RMS_FAST = numba.njit(fastmath={"reassoc", "contract"}, **_JIT)(
-    types.FunctionType(_rms_norm_rows.__code__.replace(co_name="_rms_norm_rows_fast",
-                                                      co_qualname="_rms_norm_rows_fast"),
-                       _rms_norm_rows.__globals__, "_rms_norm_rows_fast"))
+_RMS_FAST = numba.njit(fastmath={"reassoc", "contract"}, **_JIT)(renamed(_rms_norm_rows, "_rms_norm_rows_fast"))
 
 
 def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray, exact: bool = True) -> None:

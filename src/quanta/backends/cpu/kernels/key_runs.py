@@ -86,10 +86,15 @@ def _sums(builder, accs):
     return halves(sums, 8)
 
 
+def _maxnum(builder):
+    """LLVM's lane-wise maximum of two <4 x float>."""
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(F32, 4), [vec(F32, 4)] * 2),
+                                          "llvm.maxnum.v4f32")
+
+
 def _max_of_four(builder, v):
     """The largest lane of a <4 x float>."""
-    maxnum = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(F32, 4), [vec(F32, 4)] * 2),
-                                            "llvm.maxnum.v4f32")
+    maxnum = _maxnum(builder)
     pairs = builder.call(maxnum, [v, builder.shuffle_vector(v, v, ir.Constant(vec(I32, 4), [2, 3, 0, 1]))])
     swapped = builder.shuffle_vector(pairs, pairs, ir.Constant(vec(I32, 4), [1, 0, 3, 2]))
     return builder.extract_element(builder.call(maxnum, [pairs, swapped]), ir.Constant(I32, 0))
@@ -123,8 +128,7 @@ def scores_of_run(typingctx, scores, start, q, keys, scale, best):
                      for _ in heads_]
             q_rows = [builder.mul(ir.Constant(d.type, g), d) for g in heads_]
             whole = builder.mul(builder.sdiv(d, ir.Constant(d.type, lanes)), ir.Constant(d.type, lanes))
-            maxnum = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec(F32, 4), [vec(F32, 4)] * 2), "llvm.maxnum.v4f32")
+            maxnum = _maxnum(builder)
 
             def step(first, count):
                 rows = [builder.mul(builder.add(first, ir.Constant(first.type, i)), d) for i in range(count)]
