@@ -10,31 +10,25 @@ llama.cpp's K-quant dots apply their sub-block scales.
 from __future__ import annotations
 
 from llvmlite import ir
-from numba.core import cgutils
 
-from quanta.backends.cpu.kernels.simd import I8, I16, I32, const_vec, vec
+from quanta.backends.cpu.kernels.simd import I8, I16, I32, call, const_vec, vec
 
 _V8 = vec(I32, 8)
 
 
-def _call(builder, name: str, ret, *args):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(fn, list(args))
-
-
 def _pairs(builder, u, x):  # AVX2: u*x summed in pairs, <16 x i16> (saturating)
-    return _call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), u, x)
+    return call(builder, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), u, x)
 
 
 def _quads(builder, pairs):  # AVX2: i16 pairs summed into <8 x i32>
-    return _call(builder, "llvm.x86.avx2.pmadd.wd", _V8, pairs, const_vec(I16, [1] * 16))
+    return call(builder, "llvm.x86.avx2.pmadd.wd", _V8, pairs, const_vec(I16, [1] * 16))
 
 
 def dot_u8s8(isa: str, builder, u, x, start=None):
     """``start`` (<8 x i32>, default 0) plus the sums of four products ``u * x`` per i32 lane of two <32 x i8>
     (u unsigned; with AVX2 each pair must fit an i16: u <= 128 for any x, as all codes but Q8_0's +128 ones are)."""
     if isa in ("avx512_vnni", "avx_vnni"):
-        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", _V8, ir.Constant(_V8, [0] * 8) if start is None else start,
+        return call(builder, "llvm.x86.avx512.vpdpbusd.256", _V8, ir.Constant(_V8, [0] * 8) if start is None else start,
                      builder.bitcast(u, _V8), builder.bitcast(x, _V8))
     if isa == "portable":  # widen, multiply, add each lane's four products
         p = builder.mul(builder.zext(u, vec(I32, 32)), builder.sext(x, vec(I32, 32)))
@@ -50,7 +44,7 @@ def madd_i16(isa: str, builder, a, b):
     if isa == "portable":
         p = builder.mul(builder.sext(a, vec(I32, 16)), builder.sext(b, vec(I32, 16)))
         return builder.add(*(builder.shuffle_vector(p, p, const_vec(I32, range(j, 16, 2))) for j in (0, 1)))
-    return _call(builder, "llvm.x86.avx2.pmadd.wd", _V8, a, b)
+    return call(builder, "llvm.x86.avx2.pmadd.wd", _V8, a, b)
 
 
 def dot_scaled(isa: str, builder, acc, u, x, scales):
@@ -64,14 +58,14 @@ def dot_scaled(isa: str, builder, acc, u, x, scales):
         return builder.add(acc, madd_i16(isa, builder, p, scales))
     p = _pairs(builder, u, x)
     if isa == "avx2":
-        return builder.add(acc, _call(builder, "llvm.x86.avx2.pmadd.wd", _V8, p, scales))
-    return _call(builder, "llvm.x86.avx512.vpdpwssd.256", _V8, acc, builder.bitcast(p, _V8), builder.bitcast(scales, _V8))
+        return builder.add(acc, call(builder, "llvm.x86.avx2.pmadd.wd", _V8, p, scales))
+    return call(builder, "llvm.x86.avx512.vpdpwssd.256", _V8, acc, builder.bitcast(p, _V8), builder.bitcast(scales, _V8))
 
 
 def dot_s8s8(isa: str, builder, q, x, start=None):
     """``dot_u8s8`` for signed codes ``q``: ``|q|`` against ``x`` with q's sign (``vpsignb``), llama.cpp's trick."""
-    magnitude = _call(builder, "llvm.abs.v32i8", vec(I8, 32), q, ir.Constant(ir.IntType(1), 0))
-    return dot_u8s8(isa, builder, magnitude, _call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, q), start)
+    magnitude = call(builder, "llvm.abs.v32i8", vec(I8, 32), q, ir.Constant(ir.IntType(1), 0))
+    return dot_u8s8(isa, builder, magnitude, call(builder, "llvm.x86.avx2.psign.b", vec(I8, 32), x, q), start)
 
 
 def dot2_u8s8(isa: str, builder, a, xa, b, xb, start=None, small: bool = False):

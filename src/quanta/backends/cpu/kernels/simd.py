@@ -85,6 +85,12 @@ def splat(builder, s, n: int = LANES):
     return builder.shuffle_vector(v, v, ir.Constant(vec(I32, n), [0] * n))
 
 
+def call(builder, name: str, ret: ir.Type, *args):
+    """A call of the LLVM intrinsic (or C function) ``name`` returning ``ret``, declared from the arguments' types."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, list(args))
+
+
 def fma(builder, a, b, c):
     t = a.type
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t, t]), f"llvm.fma.v{t.count}f32")
