@@ -24,9 +24,9 @@ def activations(n: int, k: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((n, k)) * rng.uniform(0.01, 60, (n, 1))).astype(np.float32)
     x[0, :32] = 0  # a zero block (scale 0)
-    x[-1, 32:64] = 0.5  # every code a tie at 127 * 0.5 / 0.5
+    x[-1, 32:64] = 0.5  # a block of equal values: every code at the top of the range
     x[-1, 64:96] = np.float32(1e-30)  # a tiny scale
-    x[:, 100] = np.float32(63.5) / np.float32(127) * np.abs(x[:, 96:128]).max(axis=1)  # a tie at 63.5
+    x[:, 100] = np.float32(63.5) / np.float32(127) * np.abs(x[:, 96:128]).max(axis=1)  # a code near a rounding tie
     return x
 
 
@@ -63,7 +63,8 @@ def test_gemv_layout(n, k):
         g, r = divmod(t, ROWS_PER_PASS)
         for j in (0, 1):
             np.testing.assert_array_equal(xd[g, :, ROWS_PER_PASS * j + r], d_pairs[t, :, j])
-            np.testing.assert_array_equal(xsum[g, :, ROWS_PER_PASS * j + r], d_pairs[t, :, j] * sums[t, :, j].astype(np.float32))
+            block_sums = d_pairs[t, :, j] * sums[t, :, j].astype(np.float32)
+            np.testing.assert_array_equal(xsum[g, :, ROWS_PER_PASS * j + r], block_sums)
             np.testing.assert_array_equal(xstart[t, :, 4 * j], -8 * sums[t, :, j])
             np.testing.assert_array_equal(xstart[t, :, 4 * j + 1 : 4 * j + 4], 0)
 
