@@ -183,10 +183,10 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
                      min_tasks: int) -> None:
     """Attention of the tokens ``rows`` of q (n, heads, hd) → their rows of ``out`` (n, heads, hd). ``scratch``
     (threads, ``HEADS_PER_PASS``, >= the longest context), ``best`` (threads, >= ``HEADS_PER_PASS``) and ``q_rows``
-    (threads, hd): per-thread score rows, their maxima and rotated query rows (a thread's own cache lines: the
-    backend pads them). With the f16 cache a task is a token
-    and up to ``HEADS_PER_PASS`` query heads of one KV head, fewer where one token would make under ``min_tasks``
-    tasks (the threads: Gemma-3's one KV head and four query heads go in two passes of two)."""
+    (threads, hd): per-thread score rows, their maxima and rotated query rows (each thread's on cache lines of its
+    own: the backend pads them). With the f16 cache a task is a token and up to ``HEADS_PER_PASS`` query heads of
+    one KV head, fewer where one token would make under ``min_tasks`` tasks (the threads: Gemma-3's one KV head and
+    four query heads go in two passes of two)."""
     n_heads, hd = q.shape[1], q.shape[2]
     n_kv = k_cache.shape[0]
     group = n_heads // n_kv

@@ -29,7 +29,7 @@ def dot_u8s8(isa: str, builder, u, x, start=None):
     (u unsigned; with AVX2 each pair must fit an i16: u <= 128 for any x, as all codes but Q8_0's +128 ones are)."""
     if isa in ("avx512_vnni", "avx_vnni"):
         return call(builder, "llvm.x86.avx512.vpdpbusd.256", _V8, ir.Constant(_V8, [0] * 8) if start is None else start,
-                     builder.bitcast(u, _V8), builder.bitcast(x, _V8))
+                    builder.bitcast(u, _V8), builder.bitcast(x, _V8))
     if isa == "portable":  # widen, multiply, add each lane's four products
         p = builder.mul(builder.zext(u, vec(I32, 32)), builder.sext(x, vec(I32, 32)))
         quarters = [builder.shuffle_vector(p, p, const_vec(I32, range(j, 32, 4))) for j in range(4)]
