@@ -31,11 +31,11 @@ import math
 import numba
 import numpy as np
 
+from quanta.backends.cpu.cached_dispatch import renamed
 from quanta.backends.cpu.kernels.key_runs import HEADS_PER_PASS, add_weighted_run, prefetch_run, scores_of_run
 from quanta.backends.cpu.kernels.vector_rows import (
     axpy, exp_shifted, is_half, scaled_axpy, scaled_dot_row, store_row,
 )
-from quanta.backends.cpu.ops import renamed
 
 QUERY_TILE = 128  # prefill queries per score matrix
 

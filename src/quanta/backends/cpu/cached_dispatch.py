@@ -1,5 +1,5 @@
 """Load the CPU kernels from numba's disk cache without first loading numba's whole compiler (saves ~0.1 s of
-cold start).
+cold start), and keep two builds of one kernel apart in that cache (``renamed``).
 
 Before it looks at the disk cache, numba's ``Cache.load_overload`` calls ``target_context.refresh()``, which
 imports and installs every typing and lowering registry (linalg, random, typed containers, ...): ~0.09 s, the
@@ -17,6 +17,16 @@ from typing import Any
 from numba.core.caching import FunctionCache
 from numba.core.registry import CPUDispatcher
 from numba.core.runtime import rtsys
+
+
+def renamed(func: types.FunctionType, name: str) -> types.FunctionType:
+    """A copy of ``func`` under another name, to compile it a second way. numba keys its disk cache by a function's
+    name and line, not by its compile flags: two builds of one function share an index, and either may load the
+    other's code (the parallel build in the serial dispatcher crashed a process)."""
+    copy = types.FunctionType(func.__code__.replace(co_name=name, co_qualname=name), func.__globals__, name,
+                              func.__defaults__)
+    copy.__qualname__ = name
+    return copy
 
 
 def _load_overload(self: FunctionCache, sig: Any, target_context: Any) -> Any:

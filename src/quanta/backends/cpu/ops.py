@@ -9,11 +9,11 @@ against; numba's fastmath is off so results do not depend on vectorisation choic
 from __future__ import annotations
 
 import math
-import types
 
 import numba
 import numpy as np
 
+from quanta.backends.cpu.cached_dispatch import renamed
 from quanta.backends.cpu.kernels.vector_rows import GELU_C, gelu_mul_row, silu_mul_row
 
 _JIT = dict(nogil=True, cache=True)
@@ -70,16 +70,6 @@ def _gated_mul_rows(gate: np.ndarray, up: np.ndarray, out: np.ndarray, gelu: boo
             gelu_mul_row(gate[i], up[i], out[i])
         else:
             silu_mul_row(gate[i], up[i], out[i])
-
-
-def renamed(func, name: str):
-    """A copy of ``func`` under another name. numba keys its disk cache by a function's name and line, not by its
-    compile flags: two builds of one function share an index, and either may load the other's code (the parallel
-    build in the serial dispatcher crashed a process)."""
-    copy = types.FunctionType(func.__code__.replace(co_name=name, co_qualname=name), func.__globals__, name,
-                              func.__defaults__)
-    copy.__qualname__ = name
-    return copy
 
 
 def _both(fn):

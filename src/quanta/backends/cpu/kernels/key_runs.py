@@ -17,7 +17,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from quanta.backends.cpu.kernels.simd import F32, I8, I16, I32, fma, load_vec, splat, vec, zeros
+from quanta.backends.cpu.kernels.simd import F32, I8, I16, I32, call, fma, load_vec, splat, vec, zeros
 from quanta.backends.cpu.kernels.vector_rows import as_f32, row_of
 
 HEADS_PER_PASS = 4  # query heads of one KV head served by each load of its keys and values (GQA)
@@ -86,18 +86,16 @@ def _sums(builder, accs):
     return halves(sums, 8)
 
 
-def _maxnum(builder):
+def _maxnum(builder, a, b):
     """LLVM's lane-wise maximum of two <4 x float>."""
-    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(F32, 4), [vec(F32, 4)] * 2),
-                                          "llvm.maxnum.v4f32")
+    return call(builder, "llvm.maxnum.v4f32", vec(F32, 4), a, b)
 
 
 def _max_of_four(builder, v):
     """The largest lane of a <4 x float>."""
-    maxnum = _maxnum(builder)
-    pairs = builder.call(maxnum, [v, builder.shuffle_vector(v, v, ir.Constant(vec(I32, 4), [2, 3, 0, 1]))])
+    pairs = _maxnum(builder, v, builder.shuffle_vector(v, v, ir.Constant(vec(I32, 4), [2, 3, 0, 1])))
     swapped = builder.shuffle_vector(pairs, pairs, ir.Constant(vec(I32, 4), [1, 0, 3, 2]))
-    return builder.extract_element(builder.call(maxnum, [pairs, swapped]), ir.Constant(I32, 0))
+    return builder.extract_element(_maxnum(builder, pairs, swapped), ir.Constant(I32, 0))
 
 
 @intrinsic
@@ -128,7 +126,6 @@ def scores_of_run(typingctx, scores, start, q, keys, scale, best):
                      for _ in heads_]
             q_rows = [builder.mul(ir.Constant(d.type, g), d) for g in heads_]
             whole = builder.mul(builder.sdiv(d, ir.Constant(d.type, lanes)), ir.Constant(d.type, lanes))
-            maxnum = _maxnum(builder)
 
             def step(first, count):
                 rows = [builder.mul(builder.add(first, ir.Constant(first.type, i)), d) for i in range(count)]
@@ -158,7 +155,7 @@ def scores_of_run(typingctx, scores, start, q, keys, scale, best):
                     seen = found if count == 4 else builder.shuffle_vector(  # lanes past the run: -inf
                         found, ir.Constant(vec(F32, 4), [float("-inf")] * 4),
                         ir.Constant(vec(I32, 4), [*range(count), *range(4 + count, 8)]))
-                    builder.store(builder.call(maxnum, [builder.load(bests[g]), seen]), bests[g])
+                    builder.store(_maxnum(builder, builder.load(bests[g]), seen), bests[g])
                     row = builder.add(builder.mul(ir.Constant(width.type, g), width), builder.add(at, first))
                     for i in range(count):
                         builder.store(builder.extract_element(found, ir.Constant(I32, i)),
