@@ -3,6 +3,7 @@ throughput, occupancy, issue-slot use and where its warps stall (issue 38: what 
 
     PYTHONPATH=src python3 scripts/gpu_profile.py --model llama-2-7b:Q4_K_M:8 --out $OUT  # preset:type[:layers]
                                                                       # (synthesized), or a GGUF path
+    PYTHONPATH=src python3 scripts/gpu_profile.py --model smollm2-135m:Q4_1 --seqs 4 --out $OUT  # 4 rows a step
 
 The model decodes greedily in a process of its own under `ncu --profile-from-start off --clock-control none`;
 the profiler is on for ``--steps`` decode steps after ``--warm`` (graphs captured, caches warm). ncu replays each
@@ -31,22 +32,30 @@ COLUMNS = {"time_us": "gpu__time_duration.sum", "dram_tb_s": "dram__bytes.sum.pe
            "grid": "launch__grid_size", "block": "launch__block_size", "regs": "launch__registers_per_thread"}
 
 
-def target(model: str, warm: int, steps: int) -> None:
-    """The profiled process: greedy decode, the profiler on for ``steps`` tokens after ``warm``."""
+def target(model: str, warm: int, steps: int, seqs: int) -> None:
+    """The profiled process: greedy decode of ``seqs`` sequences together, the profiler on for ``steps`` steps after
+    ``warm``."""
     import torch
 
     from quanta import LLM
+    from quanta.engine.sampler import SamplingParams
+    from quanta.engine.stop import StopConditions
 
-    llm = LLM(model, device="cuda", n_ctx=512)
-    prompt = list(range(1000, 1008))
-    llm.generate(prompt, max_tokens=warm + steps, temperature=0, ignore_eos=True)  # graphs captured
-    for i, _ in enumerate(llm.stream(prompt, max_tokens=warm + steps + 1, temperature=0, ignore_eos=True)):
+    llm = LLM(model, device="cuda", n_ctx=512, max_seqs=seqs)
+    prompts = [list(range(1000 + 10 * s, 1008 + 10 * s)) for s in range(seqs)]
+    llm.generate(prompts, max_tokens=warm + steps, temperature=0, ignore_eos=True)  # graphs captured
+    engine = llm.engine
+    for prompt in prompts:
+        engine.add_request(prompt, SamplingParams(temperature=0), StopConditions(max_tokens=warm + steps + 1,
+                                                                                 ignore_eos=True))
+    for i in range(warm + steps + 1):
         if i == warm:
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
         elif i == warm + steps:
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
+        engine.step()
     llm.close()
 
 
@@ -105,10 +114,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_out")))
     ap.add_argument("--warm", type=int, default=8, help="decode steps before the profiler starts")
     ap.add_argument("--steps", type=int, default=2, help="decode steps profiled")
+    ap.add_argument("--seqs", type=int, default=1, help="sequences decoded together (rows of each step)")
     ap.add_argument("--target", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.target:
-        return target(args.model, args.warm, args.steps)
+        return target(args.model, args.warm, args.steps, args.seqs)
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.model
     if not Path(model).exists():
@@ -122,7 +132,7 @@ def main() -> None:
     sections = [a for s in SECTIONS for a in ("--section", s)]
     subprocess.run(["ncu", "--profile-from-start", "off", "--clock-control", "none", *sections, "-f", "-o",
                     str(report), sys.executable, __file__, "--target", "--model", model, "--warm", str(args.warm),
-                    "--steps", str(args.steps)], check=True)
+                    "--steps", str(args.steps), "--seqs", str(args.seqs)], check=True)
     raw = subprocess.run(["ncu", "-i", f"{report}.ncu-rep", "--page", "raw", "--csv"], check=True,
                          capture_output=True, text=True).stdout
     (args.out / "ncu_raw.csv").write_text(raw)

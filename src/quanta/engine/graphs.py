@@ -1,11 +1,12 @@
 """Forwards as captured graphs: decode batches per batch-size bucket, prefill steps per token-count bucket.
 
-A decode-only batch (one new token per sequence, every row sampled) of n sequences replays the graph of the
-smallest bucket b ≥ n of 1, 2, 4, … max_seqs (a verify step of speculative decoding comes as one such row per
-token: ``model_runner.decode_rows``). A step with prefill chunks of n tokens in s sequences (decode tokens beside
-them too) replays the graph of (T ≥ n tokens, S ≥ s + 1 sequences) once that shape has run twice (the first time
-eagerly: a one-off prompt length pays no capture), T from 16 up in steps of 16, or 1/16 of the next power of two
-above 256 (padding under 16 tokens or 12.5%), S a power of two. Graphs are recorded by ``Backend.capture``.
+A decode-only batch (one new token per sequence, every row sampled) of n sequences replays the graph of the smallest
+bucket b ≥ n of 1, 2, 4, … max_seqs (a verify step of speculative decoding comes as one such row per token:
+``model_runner.decode_rows``; a speculative engine has a bucket for every size up to 1 + its most drafts). A step
+with prefill chunks of n tokens in s sequences (decode tokens beside them too) replays the graph of (T ≥ n tokens, S
+≥ s + 1 sequences) once that shape has run twice (the first time eagerly: a one-off prompt length pays no capture),
+T from 16 up in steps of 16, or 1/16 of the next power of two above 256 (padding under 16 tokens or 12.5%), S a
+power of two. Graphs are recorded by ``Backend.capture``.
 
 A decode graph replays from the step that records it. A speculative engine's decode graphs are recorded with
 ``fresh`` = 1 + the most drafts (AttentionMetadata.fresh): the decode attention loads its first K/V tile before its
@@ -47,10 +48,12 @@ MIN_STEP = 16  # prefill buckets are multiples of 16 tokens
 CAPTURE_AT_USE = 2  # a prefill shape's graph is recorded at its second use
 
 
-def buckets(max_seqs: int) -> list[int]:
-    """The decode batch sizes graphs are captured for: powers of two below ``max_seqs``, then ``max_seqs``."""
-    sizes = [1 << i for i in range(max_seqs.bit_length()) if 1 << i < max_seqs]
-    return sizes + [max_seqs]
+def buckets(max_seqs: int, every: int = 1) -> list[int]:
+    """The decode batch sizes graphs are captured for: powers of two below ``max_seqs``, then ``max_seqs``, and every
+    size up to ``every`` (a speculative engine's 1 + most drafts: one sequence's verify step runs no padding rows,
+    which cost the matmuls as much as real ones)."""
+    sizes = {1 << i for i in range(max_seqs.bit_length()) if 1 << i < max_seqs} | set(range(1, every + 1))
+    return sorted(s for s in sizes if s < max_seqs) + [max_seqs]
 
 
 def token_bucket(n: int) -> int:
@@ -161,7 +164,7 @@ class ForwardGraphs:
                  block_size: int, n_blocks: int, fresh: int = 1):
         self.model, self.backend, self.cache = model, backend, cache
         self.fresh = fresh  # decode graphs: AttentionMetadata.fresh (1 + the most drafts with speculation)
-        self.sizes = buckets(max_seqs)
+        self.sizes = buckets(max_seqs, fresh)
         self.max_tokens = token_bucket(max_tokens)
         self.width = -(-n_ctx // block_size)  # block-table columns: the longest sequence's blocks
         self.block_size, self.pad_block = block_size, n_blocks

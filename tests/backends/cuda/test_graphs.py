@@ -30,6 +30,8 @@ def test_buckets() -> None:
     assert buckets(256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     assert buckets(6) == [1, 2, 4, 6]
     assert buckets(1) == [1]
+    assert buckets(40, every=5) == [1, 2, 3, 4, 5, 8, 16, 32, 40]  # a verify step of 1 + 4 drafts: no padding
+    assert buckets(4, every=5) == [1, 2, 3, 4]
     sizes = {token_bucket(n) for n in range(1, 2049)}
     assert len(sizes) == 40 and max(sizes) == 2048  # 16 multiples of 16 up to 256, then 8 per octave
     for n in range(1, 2049):
