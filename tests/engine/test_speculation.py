@@ -27,6 +27,24 @@ def test_the_longest_earlier_ngram_proposes_what_followed_it():
     assert d.propose(tokens, room=5) == [3]
 
 
+def test_a_drafter_answers_as_a_fresh_one_whatever_it_looked_up_before():
+    """The drafter keeps its latest lookup (a step's shadow draft and the next proposal read the same context): its
+    answers equal a fresh drafter's as tokens arrive, as a last token changes in place (a sampled token resolved)
+    and while it is still unknown (negative)."""
+    config = SpeculativeConfig(max_draft=3, max_ngram=3, extra_token_cost=0.0, prior=0.9)
+    rng = np.random.default_rng(3)
+    d = NgramDrafter(config)
+    tokens = rng.integers(0, 6, 8).tolist()
+    for _ in range(300):
+        tokens.append(int(rng.integers(0, 6)))
+        if rng.random() < 0.2:
+            d.follow(tokens, len(tokens))
+        if rng.random() < 0.1:
+            tokens[-1] = (tokens[-1] + 1) % 6
+        assert d.propose(tokens, room=3) == NgramDrafter(config).propose(tokens, room=3)
+        assert d.propose(tokens + [-1], room=3) == []
+
+
 def test_the_gate_stops_drafting_when_it_cannot_pay():
     cheap = NgramDrafter(SpeculativeConfig(max_draft=4, extra_token_cost=0.05, prior=0.9))
     tokens = [5, 6, 7, 8, 9, 1, 2, 6, 7]

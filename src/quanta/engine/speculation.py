@@ -57,11 +57,13 @@ class NgramDrafter:
         self.matched = 0  # the match length behind the last proposed draft
         # (start, draft, match length): a draft not verified, scored by ``follow``
         self.shadow: tuple[int, list[int], int] | None = None
+        # the latest lookup: (n, k, the last token looked up, draft, match length)
+        self._last: tuple[int, int, int, list[int], int] | None = None
 
     def propose(self, tokens: Seq[int], room: int) -> list[int]:
         """Draft tokens to follow ``tokens`` (at most ``room``, and as many as the gate says pay for the match found;
-        none after a last token still unknown: no n-gram with it is indexed)."""
-        if room <= 0 or len(tokens) < 2:
+        none after a last token still unknown, negative: no n-gram with it is indexed)."""
+        if room <= 0 or len(tokens) < 2 or tokens[-1] < 0:
             return []
         draft, matched = self._lookup(tokens, len(tokens), self.config.max_draft)
         k = min(self.best_k(matched), room) if draft else 0
@@ -127,13 +129,20 @@ class NgramDrafter:
 
     def _lookup(self, tokens: Seq[int], n: int, k: int) -> tuple[list[int], int]:
         """At most ``k`` tokens that followed the latest earlier occurrence of ``tokens[:n]``'s longest suffix, and
-        that suffix's length (0: none found)."""
+        that suffix's length (0: none found). The latest answer is kept: a step's shadow draft and the next step's
+        proposal look up the same context."""
+        key = (n, k, tokens[n - 1])
+        if self._last is not None and self._last[:3] == key:
+            return self._last[3], self._last[4]
         self._index(tokens, n - 1)  # n-grams ending before the last token (the suffix itself excluded)
+        found: tuple[list[int], int] = ([], 0)
         for m in range(min(self.config.max_ngram, n - 1), 0, -1):
             end = self.latest.get(tuple(tokens[n - m:n]))
             if end is not None:
-                return list(tokens[end + 1:min(end + 1 + k, n)]), m
-        return [], 0
+                found = list(tokens[end + 1:min(end + 1 + k, n)]), m
+                break
+        self._last = (*key, *found)
+        return found
 
     def _index(self, tokens: Seq[int], stop: int) -> None:
         for end in range(max(self.indexed, 0), stop):
@@ -145,7 +154,7 @@ class NgramDrafter:
 
     def rewind(self, length: int) -> None:
         """Tokens from ``length`` on were dropped (a stop): forget n-grams that end there, and the shadow draft."""
-        self.shadow = None
+        self.shadow = self._last = None
         if self.indexed > length:
             self.latest = {g: e for g, e in self.latest.items() if e < length}
             self.indexed = length
