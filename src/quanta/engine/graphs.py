@@ -17,19 +17,19 @@ eagerly hid that but put those steps through other kernels (six fresh engines' f
 greedy at near ties; with the replay, identical: GPU run 253).
 
 A graph's inputs, the token ids, the placement (AttentionMetadata) and the rows that need logits, live in one device
-array that each step rewrites in place with one host→device copy (``write``); tokens the step before sampled and left on
-the device are gathered into it there (``feed_tokens_into``), so a step can be queued before the host has read the last
-one's tokens. A decode graph holds that gather and the greedy pick too: it starts by feeding its ids from the decode
-graphs' shared token array and ends with the argmax of every row into it (``greedy_of``), so a plain greedy step is one
-copy in, one replay and one copy out (tokens picked elsewhere, by an eager step or a masked argmax, are copied into the
-shared array first; a graph's recording step overwrites it, so tokens still to be fed from it are set aside and put
-back). These ops (and ``argmax_rows(out=)``) are the CUDA backend's: only a backend that captures graphs needs them.
-Padding is dummy sequences at position 0 whose K/V go to the pool's padding block, one past the engine's ``n_blocks`` (a
-backend that captures graphs allocates it: ``CUDAKVCache.pad_block``), so it never touches a real sequence: in decode
-one dummy sequence per padding row, in prefill one holding all padding tokens (each attends to position 0 only) and
-empty ones up to S. Rows are independent in every op but attention, and attention reads only its own sequence: the real
-rows' logits are an eager forward's of the same batch. The prefill graphs share one set of buffers (sized for the
-largest bucket): graphs replay one after another on one stream.
+array that each step rewrites in place with one host→device copy (``write``); tokens the step before sampled and
+left on the device are gathered into it there (``feed_tokens_into``), so a step can be queued before the host has
+read the last one's tokens. A decode graph holds that gather and the greedy pick too: it starts by feeding its ids
+from the decode graphs' shared token array and ends with the argmax of every row into it (``greedy_of``), so a plain
+greedy step is one copy in, one replay and one copy out (tokens picked elsewhere, by an eager step or a masked
+argmax, are copied into the shared array first; a graph's recording step overwrites it, so tokens still to be fed
+from it are set aside and put back). These ops (and ``argmax_rows(out=)``) are the CUDA backend's: only a backend
+that captures graphs needs them. Padding is dummy sequences at position 0 whose K/V go to the pool's padding block,
+one past the engine's ``n_blocks`` (a backend that captures graphs allocates it: ``CUDAKVCache.pad_block``), so it
+never touches a real sequence: in decode one dummy sequence per padding row, in prefill one holding all padding
+tokens (each attends to position 0 only) and empty ones up to S. Rows are independent in every op but attention, and
+attention reads only its own sequence: the real rows' logits are an eager forward's of the same batch. The prefill
+graphs share one set of buffers (sized for the largest bucket): graphs replay one after another on one stream.
 """
 
 from __future__ import annotations
