@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from quanta.engine.sequence import PENDING
 from quanta.engine.step_cost import StepCosts
 
 SPECULATIVE_METHODS = ("ngram",)
@@ -62,8 +63,8 @@ class NgramDrafter:
 
     def propose(self, tokens: Seq[int], room: int) -> list[int]:
         """Draft tokens to follow ``tokens`` (at most ``room``, and as many as the gate says pay for the match found;
-        none after a last token still unknown, negative: no n-gram with it is indexed)."""
-        if room <= 0 or len(tokens) < 2 or tokens[-1] < 0:
+        none after a last token still unknown, ``PENDING``: no n-gram with it is indexed)."""
+        if room <= 0 or len(tokens) < 2 or tokens[-1] == PENDING:
             return []
         draft, matched = self._lookup(tokens, len(tokens), self.config.max_draft)
         k = min(self.best_k(matched), room) if draft else 0
