@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 
 from quanta.api import LLM
 from quanta.engine.sampler import SamplingParams, candidates, verify
-from quanta.engine.speculation import NgramDrafter, SpeculativeConfig
+from quanta.engine.speculation import AcceptanceHistory, NgramDrafter, SpeculativeConfig
 from quanta.engine.step_cost import StepCosts
 
 
@@ -58,6 +58,24 @@ def test_the_gate_stops_drafting_when_it_cannot_pay():
     assert cheap.best_k(3) == 4  # drafts after longer matches keep their own record
     costly = NgramDrafter(SpeculativeConfig(max_draft=4, extra_token_cost=1.0, prior=0.9))
     assert costly.best_k(3) == 0  # a verified token costs a whole step: drafting never wins
+
+
+def test_a_new_sequence_starts_from_the_rates_its_engine_measured():
+    """Drafts after 2-token matches rejected in earlier sequences: a new sequence of the same engine does not
+    verify one at the prior first, while drafts after 3-token matches, kept, still pay from its first step."""
+    config = SpeculativeConfig(max_draft=4, extra_token_cost=0.2)
+    history = AcceptanceHistory(config)
+    assert NgramDrafter(config, None, history).best_k(2) > 0  # the prior (0.6) pays at this cost
+    for _ in range(10):  # ten finished sequences, each with its own drafter
+        earlier = NgramDrafter(config, None, history)
+        for _ in range(3):
+            earlier.matched = 2
+            earlier.record(2, 0)
+            earlier.matched = 3
+            earlier.record(4, 4)
+    fresh = NgramDrafter(config, None, history)
+    assert fresh.best_k(2) == 0 and fresh.best_k(3) == 4
+    assert NgramDrafter(config).best_k(2) > 0  # without the engine's history: the prior again
 
 
 def measured(costs: StepCosts, seqs: int = 1, plain: float = 1.0) -> StepCosts:
@@ -296,6 +314,7 @@ def test_the_gate_follows_the_measured_cost_with_steps_queued_ahead(pair, monkey
     monkeypatch.setattr(engine, "_drafting", counted)
     monkeypatch.setattr(engine, "clock", lambda: ticks[0])
     monkeypatch.setattr(engine, "costs", StepCosts(0.2, 4))
+    monkeypatch.setattr(engine, "acceptance", AcceptanceHistory(engine.config.speculative))
     monkeypatch.setattr(engine, "asynchronous", True)
     kw = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
     want = [r.token_ids for r in plain.generate(REPETITIVE[:4], **kw)]

@@ -25,7 +25,7 @@ from quanta.engine.outputs import RequestOutput, TokenLogprob
 from quanta.engine.sampler import BatchSampler, SamplingParams, on_device
 from quanta.engine.scheduler import ScheduledBatch, Scheduler
 from quanta.engine.sequence import PENDING, Sequence
-from quanta.engine.speculation import NgramDrafter
+from quanta.engine.speculation import AcceptanceHistory, NgramDrafter
 from quanta.engine.step_cost import StepCosts
 from quanta.engine.stop import StopConditions
 from quanta.errors import ContextOverflowError, QuantaError
@@ -73,6 +73,7 @@ class LLMEngine:
         self._ids = itertools.count()
         spec = self.config.speculative
         self.costs = StepCosts(spec.extra_token_cost, spec.max_draft) if spec is not None else None
+        self.acceptance = AcceptanceHistory(spec) if spec is not None else None
         self.clock = clock
         self._done = 0.0  # when the latest step completed
 
@@ -89,7 +90,7 @@ class LLMEngine:
                 f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx} (prompt + at least one "
                 f"generated token); shorten the prompt or raise n_ctx")
         spec = self.config.speculative
-        drafter = NgramDrafter(spec, self.costs) if spec is not None and constraint is None else None
+        drafter = NgramDrafter(spec, self.costs, self.acceptance) if spec is not None and constraint is None else None
         # constrained text is exactly what the grammar accepted: special tokens it names (tool-call tags) kept,
         # no space clean-up
         decoder = self.tokenizer.stream_decoder(skip_special=constraint is None, clean=constraint is None)
