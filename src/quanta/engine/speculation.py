@@ -14,8 +14,8 @@ shadow drafts scored against the tokens that follow them, starting from the rate
 before it (``AcceptanceHistory``; the configured prior until any draft is scored); a step with k drafts costs r(k)
 plain steps, measured on the backend (``quanta.engine.step_cost``; the prior 1 + c*k until then), and yields 1 + a +
 ... + a^k tokens on average, so the sequence drafts the k (0 to ``max_draft``) with the best tokens per unit of time
-over its batch, and none while no k clearly beats plain decoding. Where the measured cost says drafting loses, a rare probe
-(``StepCosts.probe_due``) prices drafts by the prior again, to measure them again.
+over its batch, and none while no k clearly beats plain decoding. Where the measured cost says drafting loses, a rare
+probe (``StepCosts.probe_due``) prices drafts by the prior again, to measure them again.
 """
 
 from __future__ import annotations
