@@ -27,6 +27,7 @@ from quanta.engine.sequence import PENDING
 from quanta.engine.step_cost import StepCosts
 
 SPECULATIVE_METHODS = ("ngram",)
+HISTORY_WEIGHT = 0.05  # of a scored draft in the engine's acceptance rates (about the last twenty count)
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,10 @@ class SpeculativeConfig:
             raise ValueError(f"bad speculative settings: {self}")
 
 
-HISTORY_WEIGHT = 0.05  # of a scored draft in the engine's acceptance rates (about the last twenty count)
-
-
 class AcceptanceHistory:
-    """The acceptance rates per match length over all of an engine's sequences: a new sequence's starting rates.
-    (Each sequence started at the configured prior, 0.6, and so verified its first drafts after each match length;
-    on prose, where ~25% are kept, those verify steps alone lost 1-3% on the GPU.)"""
+    """The acceptance rates per match length over all of an engine's sequences: a new sequence's starting rates (at
+    the configured prior, each request verified its first drafts after every match length: on prose, where ~25% are
+    kept, those verify steps lost 1-3% on the GPU)."""
 
     def __init__(self, config: SpeculativeConfig):
         self.rates = [config.prior] * (config.max_ngram + 1)
