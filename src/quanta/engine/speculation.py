@@ -62,15 +62,16 @@ class AcceptanceHistory:
 
 class NgramDrafter:
     """One sequence's n-gram index, acceptance rate and gate; ``costs``: its engine's measured step costs (None:
-    priced by the configured prior alone); ``history``: its engine's acceptance rates (None: the prior's)."""
+    priced by the configured prior alone); ``history``: its engine's acceptance rates (None: its own, from the
+    prior)."""
 
     def __init__(self, config: SpeculativeConfig, costs: StepCosts | None = None,
                  history: AcceptanceHistory | None = None):
-        self.config, self.costs, self.history = config, costs, history
+        self.config, self.costs = config, costs
+        self.history = history or AcceptanceHistory(config)
         self.latest: dict[tuple[int, ...], int] = {}  # n-gram → end index of its latest occurrence
         self.indexed = 0  # n-grams ending before this index are in ``latest``
-        # [m]: acceptance of drafts after an m-token match
-        self.rates = list(history.rates) if history is not None else [config.prior] * (config.max_ngram + 1)
+        self.rates = list(self.history.rates)  # [m]: acceptance of drafts after an m-token match
         self.matched = 0  # the match length behind the last proposed draft
         # (start, draft, match length): a draft not verified, scored by ``follow``
         self.shadow: tuple[int, list[int], int] | None = None
@@ -117,8 +118,7 @@ class NgramDrafter:
             # per-draft acceptance: kept drafts pass, the first rejected fails, those after it say nothing
             rate = accepted / (accepted + (accepted < proposed))
             self.rates[matched] = 0.8 * self.rates[matched] + 0.2 * rate
-            if self.history is not None:
-                self.history.update(matched, rate)
+            self.history.update(matched, rate)
 
     def best_k(self, matched: int) -> int:
         """The draft length with the best expected tokens per unit of time after a match of ``matched`` tokens
