@@ -65,10 +65,10 @@ GEMM_TILES = {
 # int8 GEMV takes, fewer than DEQUANT_MIN_ROWS) read each weight once in the fused kernel, its K split so that a
 # batch's few output tiles still fill the multiprocessors (k_splits): the dequantized route writes and reads 4
 # more bytes per weight (TinyLlama's decode matmuls: 2.66 ms per step through it at 16-64 rows, 4.23 ms through
-# the fused kernel unsplit, GPU runs 205-206). Matrices of more than DEQUANT_MAX_WEIGHTS weights (large lm heads)
-# keep the fused kernel. The scratch, sized for the largest layer matrix loaded, holds up to a 13B model's gate|up
-# (512 MiB at most): a limit of 2^25 weights left the 7B's Q|K|V, gate|up and down projections on the fused kernel,
-# and raising it took Llama-2-7B's prefill-512 from 17,200 to 25,350 tok/s (H200, GPU runs 309-310)
+# the fused kernel unsplit, GPU runs 205-206). The scratch is sized for the largest layer matrix of up to
+# DEQUANT_MAX_WEIGHTS weights (512 MiB of bf16 at most; a 13B model's gate|up fits); larger matrices (an lm head
+# scoring every position) keep the fused kernel. A limit of 2^25 left the 7B's Q|K|V, gate|up and down projections
+# on the fused kernel; 2^28 took Llama-2-7B's prefill-512 from 17,200 to 25,350 tok/s (H200, GPU runs 309-310)
 DEQUANT_MIN_ROWS = 128
 DEQUANT_MAX_WEIGHTS = 1 << 28
 # the fused GEMM splits K until its programs fill SPLIT_WAVES waves of the multiprocessors: TinyLlama's decode
