@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from quanta.engine.sampler import SamplingParams, apply_penalties, logprobs_of, sample_row
+from quanta.engine.sampler import NUCLEUS_FIRST, SamplingParams, apply_penalties, candidates, logprobs_of, sample_row
 
 # probabilities 0.4, 0.3, 0.15, 0.1, 0.05 over ids 3, 0, 4, 1, 2
 PROBS = np.array([0.3, 0.1, 0.05, 0.4, 0.15])
@@ -63,6 +63,36 @@ def test_seed_reproduces_and_differs():
 
     assert run(7) == run(7)
     assert run(1) != run(2)
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", [(50, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.01), (300, 0.8, 0.001),
+                                                 (0, 0.3, 0.0), (4000, 1.0, 0.0)])
+def test_candidates_equal_a_full_sort(top_k, top_p, min_p):
+    """On a large, flat, partly masked vocabulary (a nucleus far past NUCLEUS_FIRST tokens, fewer live tokens than
+    a top-k): the same support and probabilities as sorting every live token and cutting in order."""
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal(5000).astype(np.float32)
+    logits[rng.choice(5000, 1500, replace=False)] = -np.inf
+    t = 0.7
+    ids, probs = candidates(logits, SamplingParams(temperature=t, top_k=top_k, top_p=top_p, min_p=min_p))
+    live = np.flatnonzero(np.isfinite(logits))
+    order = live[np.argsort(-logits[live], kind="stable")]
+    if top_k:
+        order = order[:top_k]
+    w = np.exp((logits[order].astype(np.float64) - logits[order[0]]) / t)
+    w /= w.sum()
+    if top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(w), top_p)) + 1
+        order, w = order[:keep], w[:keep]
+    if min_p:
+        order, w = order[w >= min_p * w[0]], w[w >= min_p * w[0]]
+    if (top_k, top_p) == (0, 0.9):
+        assert len(order) > 4 * NUCLEUS_FIRST  # the nucleus search grew twice
+    assert sorted(ids.tolist()) == sorted(order.tolist())
+    want = dict(zip(order.tolist(), w / w.sum()))
+    np.testing.assert_allclose(probs, [want[i] for i in ids.tolist()], rtol=1e-9)
+    if 0 < top_k < live.size or top_p < 1.0:  # most likely first (else in id order)
+        assert (np.diff(logits[ids]) <= 0).all()
 
 
 def test_penalties_follow_their_formulas():

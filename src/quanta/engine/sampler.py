@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 MAX_LOGPROBS = 20
 MAX_SEED = 2**63
+NUCLEUS_FIRST = 64  # tokens a top-p without top-k looks among first (4x as many while their mass is short)
 
 
 @dataclass(frozen=True)
@@ -115,31 +116,47 @@ def adjust(row: np.ndarray, params: SamplingParams, context: Seq[int]) -> None:
         apply_penalties(row, context, params)
 
 
+def _largest(row: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the ``k`` largest values of ``row`` (float32, no NaN), largest first, ties by lower id: a partition
+    of the float32 row itself, then a sort of the k (no float64 copy or full sort of a vocabulary)."""
+    n = row.size
+    ids = np.argpartition(row, n - k)[n - k:] if k < n else np.arange(n)
+    return ids[np.lexsort((ids, -row[ids]))]
+
+
 def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """The surviving token ids and their renormalised probabilities (temperature > 0)."""
-    scaled = logits.astype(np.float64) / p.temperature
-    finite = np.isfinite(scaled)
-    if not finite.all():  # masked (-inf) tokens never survive
-        pool = np.flatnonzero(finite)
-    else:
-        pool = None
-    values = scaled if pool is None else scaled[pool]
-    if values.size == 0:
+    """The surviving token ids and their renormalised probabilities (temperature > 0; ``logits`` without NaN or
+    +inf). With top-k or top-p the ids come most likely first; the whole distribution (neither) in id order."""
+    finite = np.isfinite(logits)  # masked (-inf) tokens never survive
+    live = int(np.count_nonzero(finite))
+    if live == 0:
         return np.zeros(0, np.int64), np.zeros(0)
-    if 0 < p.top_k < values.size:
-        ids = np.argpartition(-values, p.top_k - 1)[: p.top_k]
-    else:
-        ids = np.arange(values.size)
-    ids = ids[np.argsort(-values[ids], kind="stable")]
-    probs = np.exp(values[ids] - values[ids[0]])
-    probs /= probs.sum()
-    if pool is not None:
-        ids = pool[ids]
+    if 0 < p.top_k < live:
+        ids = _largest(logits, p.top_k)
+        scaled = logits[ids].astype(np.float64) / p.temperature
+        probs = np.exp(scaled - scaled[0])
+        probs /= probs.sum()
+    elif p.top_p < 1.0:  # top-p over every token: among its NUCLEUS_FIRST most likely, else 4x as many, ...
+        scaled = logits.astype(np.float64) / p.temperature
+        top = scaled.max()
+        total = np.exp(scaled - top).sum()
+        n = NUCLEUS_FIRST
+        while True:
+            ids = _largest(logits, min(n, live))
+            probs = np.exp(scaled[ids] - top) / total
+            if ids.size == live or np.cumsum(probs)[-1] >= p.top_p:
+                break
+            n *= 4
+    else:  # the whole distribution
+        ids = np.flatnonzero(finite)
+        scaled = logits[ids].astype(np.float64) / p.temperature
+        probs = np.exp(scaled - scaled.max())
+        probs /= probs.sum()
     if p.top_p < 1.0:
         keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)  # first index where the sum reaches p
         ids, probs = ids[:keep], probs[:keep]
     if p.min_p > 0.0:
-        mask = probs >= p.min_p * probs[0]
+        mask = probs >= p.min_p * probs.max()
         ids, probs = ids[mask], probs[mask]
     return ids, probs / probs.sum()
 
