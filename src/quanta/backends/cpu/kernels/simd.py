@@ -56,6 +56,8 @@ PREFETCH_AHEAD = 2048
 # so they should not push out what the ops between the GEMVs reuse (activations, the KV cache, the interpreter's
 # and numba's own data). Batch-1 decode on a Zen 2, 2 threads, against keep-in-all-levels, alternating twice:
 # SmolLM2 119-124 -> 130-136 tok/s, Gemma-3 74-77 -> 85-88, TinyLlama 35.0-35.3 -> 36.1-36.5; prefill unchanged
+# (an Intel Ice Lake VM, session 60: keep-in-all-levels is faster only where a matrix fits the 48 MB L3 and is
+# read again, as in a GEMV benchmark; batch-1 decode the same within noise: SmolLM2 106.6 / 106.1 tok/s)
 PREFETCH_LOCALITY = 0
 
 
