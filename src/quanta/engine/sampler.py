@@ -164,12 +164,10 @@ def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.nd
 def logprobs_of(raw: np.ndarray, token: int, top: int) -> TokenLogprob:
     """``token``'s log-probability under the model's own distribution (``raw`` logits), with the ``top`` most
     likely tokens."""
-    row = raw.astype(np.float64)
-    m = row.max()
-    log_z = m + math.log(np.exp(row - m).sum())
-    best = np.argpartition(-row, top - 1)[:top] if 0 < top < row.size else np.arange(row.size if top else 0)
-    best = best[np.argsort(-row[best], kind="stable")]
-    return TokenLogprob(token, float(row[token] - log_z), tuple((int(i), float(row[i] - log_z)) for i in best))
+    m = float(raw.max())
+    log_z = m + math.log(np.exp(raw.astype(np.float64) - m).sum())
+    best = _largest(raw, min(top, raw.size)) if top else np.zeros(0, np.int64)
+    return TokenLogprob(token, float(raw[token]) - log_z, tuple((int(i), float(raw[i]) - log_z) for i in best))
 
 
 def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator, context: Seq[int]) -> int:
