@@ -92,6 +92,29 @@ class AttentionMetadata:
     fresh: int = 1
 
 
+@dataclass(frozen=True)
+class SamplingRows:
+    """What a batch's rows sample with on the device (host arrays, one entry per logits row, built by the engine's
+    sampler): ``temperature`` (0: greedy), ``top_k`` (0: off), ``top_p``, ``min_p`` and ``uniform``, each row's
+    draw in [0, 1) from its request's seeded generator; the logit adjustments as (row, token) entries, each pair
+    once: ``bias`` is added, then, where ``counts`` (the token's occurrences in the row's penalty window) is
+    positive, the row's repetition penalty divides a positive logit (multiplies a negative one) and its presence and
+    frequency penalties are subtracted (engine/sampler.py's ``adjust``, in the same float32 arithmetic)."""
+
+    temperature: np.ndarray  # float32 (r,)
+    top_k: np.ndarray  # int32 (r,)
+    top_p: np.ndarray  # float32 (r,)
+    min_p: np.ndarray  # float32 (r,)
+    uniform: np.ndarray  # float64 (r,)
+    repeat_penalty: np.ndarray  # float32 (r,)
+    presence_penalty: np.ndarray  # float32 (r,)
+    frequency_penalty: np.ndarray  # float32 (r,)
+    adjust_rows: np.ndarray  # int32 (e,)
+    adjust_ids: np.ndarray  # int32 (e,)
+    bias: np.ndarray  # float32 (e,)
+    counts: np.ndarray  # float32 (e,)
+
+
 class Backend(ABC):
     """A device: owns the arrays, the prepared weights, the KV pool and the ops on them."""
 
@@ -99,6 +122,7 @@ class Backend(ABC):
     kv_itemsize: int = 4  # bytes per cached K or V value
     graphs: bool = False  # whether :meth:`capture` records replayable graphs
     asynchronous: bool = False  # whether work is queued (a device): the engine then queues a step ahead
+    samples_on_device: bool = False  # whether :meth:`sample_rows` exists (else the engine samples on the host)
 
     def free_memory(self) -> int | None:
         """Bytes this device can still allocate, or None where unknown."""
@@ -289,6 +313,12 @@ class Backend(ABC):
         finite (NaN or inf logits: a broken model). ``masks``: host int32 (n, words), row i's allowed tokens as
         packed bits (:func:`allowed_tokens`); the others count as -inf (-1 when none is allowed). The backend
         is done with ``masks`` when this returns (the caller may overwrite it)."""
+
+    def sample_rows(self, logits: Array, rows: SamplingRows) -> Array:
+        """Each row's token drawn from its adjusted logits (:class:`SamplingRows`) as int32 (n,), left on the device:
+        the host sampler's choice (engine/sampler.py's ``sample_row`` with the same uniform) up to float rounding;
+        -1 for a row whose logits are not finite. Only where :attr:`samples_on_device`."""
+        raise NotImplementedError(f"the {self.name} backend samples on the host")
 
     def synchronize(self) -> None:
         """Wait for queued work (for timing); a no-op on the CPU."""

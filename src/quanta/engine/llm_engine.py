@@ -22,7 +22,7 @@ from quanta.engine.block_manager import BlockManager, BlockTable
 from quanta.engine.config import EngineConfig
 from quanta.engine.model_runner import ModelRunner
 from quanta.engine.outputs import RequestOutput, TokenLogprob
-from quanta.engine.sampler import BatchSampler, SamplingParams, on_device
+from quanta.engine.sampler import BatchSampler, SamplingParams, draws_on_device, needs_host_tokens, on_device
 from quanta.engine.scheduler import ScheduledBatch, Scheduler
 from quanta.engine.sequence import PENDING, Sequence
 from quanta.engine.speculation import AcceptanceHistory, NgramDrafter
@@ -68,7 +68,7 @@ class LLMEngine:
         self.requests: dict[int, Sequence] = {}
         self._ended: list[Sequence] = []  # ended outside a step (aborted, nothing to generate): reported next step
         self.asynchronous = backend.asynchronous
-        self._on_host = 0  # live requests whose tokens are sampled on the host (no step overlap while any)
+        self._on_host = 0  # live requests whose sampling needs their tokens on the host (no step overlap while any)
         self._inflight: Launched | None = None
         self._ids = itertools.count()
         spec = self.config.speculative
@@ -101,7 +101,7 @@ class LLMEngine:
             seq.finish("length")
             self._ended.append(seq)
             return seq.id
-        if not on_device(seq):
+        if needs_host_tokens(seq, self.backend):
             self._on_host += 1
         self.scheduler.add(seq)
         return seq.id
@@ -124,14 +124,15 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One forward over the scheduled batch; an output for each request that gained tokens or finished.
 
-        On an asynchronous backend, while every live request is plain greedy, the forward is queued before the
-        previous step's tokens are read (its inputs come from those tokens on the device): the host's work overlaps
-        the device's. A request that stops (end-of-generation token, stop string) is then found one step late; the
-        extra step's token is dropped. A step in which a gate drafts waits for the tokens (drafts are looked up in
-        them), and a step that verifies drafts is read before the next one is scheduled, even where the gates'
-        early answer (``_drafting``) said no draft would come: its accepted tokens are the next step's inputs. A
-        step with constrained rows queues its argmax only after the previous step's tokens have advanced the
-        grammars: their masks are made while its forward runs."""
+        On an asynchronous backend, while every live request is plain greedy or sampled on the device without
+        penalties (sampler.py's ``needs_host_tokens``), the forward is queued before the previous step's tokens are
+        read (its inputs come from those tokens on the device): the host's work overlaps the device's. A request
+        that stops (end-of-generation token, stop string) is then found one step late; the extra step's token is
+        dropped. A step in which a gate drafts waits for the tokens (drafts are looked up in them), and a step that
+        verifies drafts is read before the next one is scheduled, even where the gates' early answer
+        (``_drafting``) said no draft would come: its accepted tokens are the next step's inputs. A step with
+        constrained rows queues its argmax only after the previous step's tokens have advanced the grammars: their
+        masks are made while its forward runs."""
         started = self.clock()
         outputs = [self._finished(seq) for seq in self._ended]
         self._ended.clear()
@@ -173,6 +174,9 @@ class LLMEngine:
                 launched.masked = logits  # masks follow the tokens of the step before: made once they are read
             else:
                 self._pick_on_device(launched, logits)
+        elif sampling and self.backend.samples_on_device and all(draws_on_device(seq) for seq in sampling):
+            tokens = self.sampler.draw_on_device(logits, sampling)  # before the reservations (penalties)
+            launched.tokens, launched.read_tokens = tokens, self.backend.to_host_later(tokens)
         elif sampling:  # before the reservations: penalties read the context
             launched.host_tokens, launched.logprobs = self.sampler.sample(logits, sampling)
         self.scheduler.postprocess(batch)
@@ -258,7 +262,7 @@ class LLMEngine:
         self.blocks.truncate(seq.table, seq.num_computed + 1)
 
     def _end(self, seq: Sequence, reason: str, error: str | None = None) -> None:
-        if not on_device(seq):
+        if needs_host_tokens(seq, self.backend):
             self._on_host -= 1
         self.scheduler.finish(seq, reason, error)
 

@@ -6,8 +6,11 @@ Order (as HF's logits processors): logit bias; repetition, presence and frequenc
 top-p (the smallest set of most likely tokens whose probability reaches p); min-p (drop tokens below min_p x the top
 probability); then one draw from the renormalised distribution with the sequence's own seeded generator (same seed,
 same tokens, whatever else is in the batch). A batch whose rows are all plain greedy takes its argmax on the device
-(one small host read), constrained rows masked there by their packed masks (one small upload); any other row is
-sampled on the host from its logits.
+(one small host read), constrained rows masked there by their packed masks (one small upload). On a backend that
+samples on the device (``Backend.sample_rows``), a batch without constrained rows, logprobs or drafts to verify is
+sampled there: the host sends each row's settings, its logit adjustments and its draw of the generator, and reads
+back only the tokens. Any other batch is sampled on the host from its logits. Both take one draw per sampled token
+and pick with the same rule (:func:`pick`): a seed gives the same tokens on either path, up to float rounding.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from quanta.backends.base import SamplingRows
 from quanta.engine.outputs import TokenLogprob
 
 if TYPE_CHECKING:
@@ -170,10 +174,18 @@ def logprobs_of(raw: np.ndarray, token: int, top: int) -> TokenLogprob:
     return TokenLogprob(token, float(raw[token]) - log_z, tuple((int(i), float(raw[i]) - log_z) for i in best))
 
 
+def pick(probs: np.ndarray, u: float) -> int:
+    """The index drawn from ``probs`` with the uniform ``u`` in [0, 1): the first whose cumulative probability
+    exceeds ``u`` times the total (``Generator.choice``'s rule; the device sampler's too)."""
+    cdf = np.cumsum(probs)
+    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), int(np.searchsorted(cdf, cdf[-1])))
+
+
 def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator, context: Seq[int]) -> int:
     """The next token from a logits ``row`` (1-D float32, modified in place; a constraint's mask already applied)
     after ``context`` (the sequence's tokens so far); -1 when the row is not finite (a broken model) or the mask
-    leaves no token."""
+    leaves no token. A sampled token takes one draw of ``rng`` whatever happens (as a device row's)."""
+    u = 0.0 if params.greedy else rng.random()
     if not np.isfinite(row.max()):
         return -1
     adjust(row, params, context)
@@ -183,7 +195,7 @@ def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator
     ids, probs = candidates(row, params)
     if ids.size == 0:
         return -1
-    return int(ids[rng.choice(ids.size, p=probs)]) if ids.size > 1 else int(ids[0])
+    return int(ids[pick(probs, u)])
 
 
 def verify(rows: np.ndarray, draft: Seq[int], params: SamplingParams, rng: np.random.Generator,
@@ -230,9 +242,25 @@ def verify(rows: np.ndarray, draft: Seq[int], params: SamplingParams, rng: np.ra
 
 
 def on_device(seq: Sequence) -> bool:
-    """Whether ``seq``'s tokens can be picked on the device: plain greedy (an output constraint's mask applied
-    there)."""
+    """Whether ``seq``'s tokens can be picked on the device by an argmax: plain greedy (an output constraint's mask
+    applied there)."""
     return seq.params.plain_greedy
+
+
+def draws_on_device(seq: Sequence) -> bool:
+    """Whether a backend that samples on the device (``Backend.sample_rows``) can pick ``seq``'s next token: no
+    output constraint, no logprobs, no draft to verify."""
+    return seq.constraint is None and seq.params.logprobs is None and not seq.draft
+
+
+def needs_host_tokens(seq: Sequence, backend: Backend) -> bool:
+    """Whether ``seq``'s sampling needs its previous tokens on the host (so no step may be queued ahead while it
+    runs): it is sampled on the host (its verify steps aside: those are never queued ahead), or its penalties count
+    its context's tokens. Fixed for the request's life."""
+    if on_device(seq):
+        return False
+    return (not backend.samples_on_device or seq.constraint is not None or seq.params.logprobs is not None
+            or seq.params.has_penalties)
 
 
 class BatchSampler:
@@ -272,6 +300,37 @@ class BatchSampler:
             tokens.append(new)
             r += len(seq.draft) + 1
         return tokens
+
+    def draw_on_device(self, logits: Array, seqs: list[Sequence]) -> Array:
+        """Each sequence's next token (one row each, :func:`draws_on_device`), drawn by the backend and left there;
+        each sampled row takes its draw of its sequence's generator now. -1 marks non-finite logits."""
+        n_vocab = logits.shape[1]
+        params = [seq.params for seq in seqs]
+        rows, ids, bias, counts = [], [], [], []
+        for r, (seq, p) in enumerate(zip(seqs, params)):
+            entries: dict[int, list[float]] = {}
+            for t, v in (p.logit_bias or {}).items():
+                if t < n_vocab:
+                    entries[t] = [v, 0.0]
+            if p.has_penalties and p.penalty_last_n:
+                # (all known: a penalised sequence's steps are not queued ahead, needs_host_tokens)
+                for t, c in Counter(seq.token_ids[-p.penalty_last_n:]).items():
+                    if t < n_vocab:
+                        entries.setdefault(t, [0.0, 0.0])[1] = c
+            rows += [r] * len(entries)
+            ids += entries
+            bias += [e[0] for e in entries.values()]
+            counts += [e[1] for e in entries.values()]
+
+        def column(name: str, dtype: type) -> np.ndarray:
+            return np.array([getattr(p, name) for p in params], dtype)
+
+        return self.backend.sample_rows(logits, SamplingRows(
+            column("temperature", np.float32), column("top_k", np.int32), column("top_p", np.float32),
+            column("min_p", np.float32), np.array([0.0 if p.greedy else s.rng.random() for s, p in zip(seqs, params)]),
+            column("repeat_penalty", np.float32), column("presence_penalty", np.float32),
+            column("frequency_penalty", np.float32), np.array(rows, np.int32), np.array(ids, np.int32),
+            np.array(bias, np.float32), np.array(counts, np.float32)))
 
     def sample(self, logits: Array, seqs: list[Sequence]) -> tuple[list[list[int]], list[list[TokenLogprob]]]:
         """Each sequence's new tokens (and, where asked, their log-probabilities): one from its row, or, for a

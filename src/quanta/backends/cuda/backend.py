@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from quanta.backends.base import AttentionMetadata, Backend, KVShape
-from quanta.backends.cuda import activation, attention, flash_decode, kv_q8, norm, rope
+from quanta.backends.base import AttentionMetadata, Backend, KVShape, SamplingRows
+from quanta.backends.cuda import activation, attention, draw, flash_decode, kv_q8, norm, rope
 from quanta.backends.cuda.compile_ahead import compiles_ahead, dry_run_compiling
 from quanta.backends.cuda.copies import ActivationCopies
 from quanta.backends.cuda.embed import embed as _embed
@@ -85,6 +85,7 @@ def _host_tensor(a: np.ndarray) -> torch.Tensor:
 
 class CUDABackend(Backend):
     name = "cuda"
+    samples_on_device = True
 
     def __init__(self, device: str | torch.device = "cuda", *, exact: bool = False, graphs: bool = True,
                  q8: bool = True, pdl: bool | None = None, compile_ahead: bool = True):
@@ -444,12 +445,16 @@ class CUDABackend(Backend):
             self._argmax = ArgmaxRows(max(r, self._argmax.rows if self._argmax else 0), n, self.device)
         return self._argmax(logits, self.pdl, None if masks is None else self._upload(masks), out)
 
+    def sample_rows(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+        """See Backend.sample_rows (draw.py)."""
+        return draw.sample_rows(logits, rows, self.argmax_rows, self._upload)
+
     def _upload(self, a: np.ndarray) -> torch.Tensor:
         """A copy of ``a`` on the device, queued without waiting for the work before it (through pinned memory,
         which the caching host allocator keeps until the copy is done); ``a`` may be overwritten at once."""
         if self.device.type != "cuda":
             return torch.from_numpy(a.copy())
-        pinned = torch.empty(a.shape, dtype=torch.int32, pin_memory=True)
+        pinned = torch.empty(a.shape, dtype=_host_tensor(a).dtype, pin_memory=True)
         pinned.numpy()[...] = a
         return pinned.to(self.device, non_blocking=True)
 
