@@ -45,18 +45,21 @@ def sample_rows(logits: torch.Tensor, rows: SamplingRows, argmax: Callable[[torc
     if entries.size:
         x = logits.clone()
         _adjust(x.view(-1), packed[per_row.size:o].view(-1, 4), params)
-    best = argmax(x)
-    if not sampled.size:
-        return best
+    # greedy rows: the argmax; sampled ones are written over it
+    tokens = argmax(x) if sampled.size < n else torch.empty(n, dtype=torch.int32, device=x.device)
     for group, in_order in ((whole, True), (cut, False)):
         if group.size:
             idx = packed[o:o + group.size].long()
             o += group.size
             top = int(rows.top_k[group].max())
             k = vocab if in_order or (rows.top_k[group] <= 0).any() or top >= vocab else top
-            tokens = _draw(x.index_select(0, idx), params.index_select(0, idx), k, in_order)
-            best.index_copy_(0, idx, torch.where(best.index_select(0, idx) < 0, -1, tokens).to(torch.int32))
-    return best
+            every = group.size == n  # (the groups are in row order)
+            drawn = _draw(x if every else x.index_select(0, idx), params if every else params.index_select(0, idx),
+                          k, in_order)
+            if every:
+                return drawn
+            tokens.index_copy_(0, idx, drawn)
+    return tokens
 
 
 def _adjust(flat: torch.Tensor, entries: torch.Tensor, params: torch.Tensor) -> None:
@@ -71,13 +74,16 @@ def _adjust(flat: torch.Tensor, entries: torch.Tensor, params: torch.Tensor) -> 
 
 
 def _draw(x: torch.Tensor, params: torch.Tensor, k: int, in_order: bool) -> torch.Tensor:
-    """The drawn token of each row of ``x`` (its rows' settings ``params``); candidates: the whole row in id order
-    (``in_order``), else its ``k`` largest, most likely first."""
+    """The drawn token (int32) of each row of ``x`` (its rows' settings ``params``), -1 where its largest logit is
+    not finite; candidates: the whole row in id order (``in_order``), else its ``k`` largest, most likely first
+    (a NaN sorts first)."""
     if in_order:
         vals, ids = x, None
+        top = vals.max(dim=1, keepdim=True).values  # (NaN where the row holds one)
     else:
         vals, ids = torch.topk(x, k, dim=1)
-    weights = torch.exp((vals.double() - vals.max(dim=1, keepdim=True).values.double()) / params[:, 0:1])
+        top = vals[:, :1]
+    weights = torch.exp((vals.double() - top.double()) / params[:, 0:1])
     if not in_order:
         j = torch.arange(k, device=x.device)
         top_k, top_p = params[:, 1:2], params[:, 2:3]
@@ -90,4 +96,5 @@ def _draw(x: torch.Tensor, params: torch.Tensor, k: int, in_order: bool) -> torc
     pick = torch.searchsorted(cdf, params[:, 4:5] * total, right=True)
     last = (cdf < total).sum(dim=1, keepdim=True)  # the last candidate with weight (rounding may reach the total)
     pick = torch.minimum(pick, last)
-    return (pick if ids is None else ids.gather(1, pick)).view(-1)
+    token = (pick if ids is None else ids.gather(1, pick)).view(-1)
+    return torch.where(torch.isfinite(top.view(-1)), token, -1).to(torch.int32)
