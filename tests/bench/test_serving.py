@@ -18,13 +18,15 @@ class ScriptedEngine:
     def __init__(self):
         self.script = [[(0, 1)], [(0, 1), (1, 1)], [(0, 1), (1, 1)], [(0, 1), (1, 1)], [(1, 1)]]
         self.added: list[list[int]] = []
+        self.params: list = []
 
     def reset_prefix_cache(self) -> None:
         pass
 
     def add_request(self, prompt, params, stop, constraint=None) -> int:
-        assert params.temperature == 0 and stop.ignore_eos and stop.max_tokens == 4 and constraint is None
+        assert stop.ignore_eos and stop.max_tokens == 4 and constraint is None
         self.added.append(prompt)
+        self.params.append(params)
         return len(self.added) - 1
 
     def has_unfinished(self) -> bool:
@@ -46,6 +48,15 @@ def test_burst_figures_follow_their_definitions(monkeypatch) -> None:
     assert r["decode_tok_s"] == 5 / (6 - 2)  # tokens of steps 3-5 (A: 2, B: 3) over the time after t = 2
     assert r["per_seq_decode_tok_s"] == 3 / 3  # both: 3 tokens after the first in 3 s
     assert r["ttft_s"] == [1.0, 2.0] and r["steps"] == 5
+
+
+def test_bursts_are_greedy_or_sampled_with_request_i_seeded_i() -> None:
+    greedy, sampled = ScriptedEngine(), ScriptedEngine()
+    serving.run_burst(greedy, [[1] * 10, [2] * 10], 4)
+    serving.run_burst(sampled, [[1] * 10, [2] * 10], 4, temperature=0.7)
+    assert [p.temperature for p in greedy.params] == [0, 0]
+    assert [(p.temperature, p.seed, p.top_k, p.top_p) for p in sampled.params] == [(0.7, 0, 40, 0.95),
+                                                                                  (0.7, 1, 40, 0.95)]
 
 
 def test_burst_refuses_a_short_request(monkeypatch) -> None:
@@ -85,7 +96,10 @@ def test_constrained_bench_runs_each_burst_free_then_constrained(smollm2_path, t
 
 @pytest.mark.parametrize("args,message", [
     (["--regex", "a+"], "add --concurrency"),
-    (["--regex", "a+", "--concurrency", "2", "--vs", "llama.cpp"], "measure a constraint without --vs"),
+    (["--regex", "a+", "--concurrency", "2", "--vs", "llama.cpp"], "measure a constraint or a temperature without"),
+    (["--temperature", "0.8"], "add --concurrency"),
+    (["--temperature", "0.8", "--concurrency", "2", "--vs", "llama.cpp"], "runs its bursts free and greedy"),
+    (["--temperature", "-1", "--concurrency", "2"], "--temperature takes a number from 0"),
 ])
 def test_a_constraint_needs_the_batched_bench_without_a_peer(args, message, capsys) -> None:
     assert main(["bench", "--device", "cpu", *args]) != 0

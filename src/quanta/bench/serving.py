@@ -1,7 +1,8 @@
 """`quanta bench --concurrency 1,4,16,64`: the batched engine (quanta.engine.LLMEngine) under concurrent requests.
 
 For each concurrency c, c requests with different random prompts of the same length arrive at once and decode
-``decode_tokens`` tokens each, greedily past end-of-generation; the engine steps until all finish. Per c, medians
+``decode_tokens`` tokens each past end-of-generation, greedily (or sampled at ``temperature`` with the run defaults,
+request i seeded with i); the engine steps until all finish. Per c, medians
 over the repeats: prefill tok/s (prompt tokens over the time to the last request's first token), aggregate decode
 tok/s (tokens produced after that moment over the time after it: every sequence decoding together), per-sequence
 decode tok/s (the median request's tokens after its first over the time from its first to its last), and TTFT
@@ -48,6 +49,7 @@ class ServingConfig:
     cuda: dict | None = None  # the CUDA backend's switches, from the CLI's environment
     constraint: dict[str, Any] | None = None  # e.g. {"regex": "..."}: A/B of constrained against free bursts
     tensor_parallel: int = 1  # GPUs the model is split over (quanta.parallel)
+    temperature: float = 0.0  # > 0: each token sampled (top-k, top-p, min-p as SamplingParams' defaults)
 
 
 def _prompts(vocab: int, n: int, length: int, seed: int) -> list[list[int]]:
@@ -62,13 +64,14 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run_burst(engine: Any, prompts: list[list[int]], decode_tokens: int,
-              constraint: Callable[[], Any] | None = None) -> dict[str, Any]:
+              constraint: Callable[[], Any] | None = None, temperature: float = 0.0) -> dict[str, Any]:
     """All ``prompts`` added at once, stepped to the end: the burst's figures and each request's TTFT;
-    ``constraint`` makes each request's Constraint."""
+    ``constraint`` makes each request's Constraint; ``temperature`` > 0 samples (request i with seed i)."""
     stop = StopConditions(max_tokens=decode_tokens, ignore_eos=True)
     engine.reset_prefix_cache()
     t0 = time.perf_counter()
-    ids = [engine.add_request(p, GREEDY, stop, constraint() if constraint else None) for p in prompts]
+    params = [SamplingParams(temperature=temperature, seed=i) if temperature else GREEDY for i in range(len(prompts))]
+    ids = [engine.add_request(p, sp, stop, constraint() if constraint else None) for p, sp in zip(prompts, params)]
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     counts = {i: 0 for i in ids}
@@ -102,7 +105,8 @@ def run_burst(engine: Any, prompts: list[list[int]], decode_tokens: int,
             "tokens_per_seq": sum(counts.values()) / len(ids)}
 
 
-def constrained_burst(engine: Any, constraint: dict[str, Any]) -> Callable[[list[list[int]], int], dict[str, Any]]:
+def constrained_burst(engine: Any, constraint: dict[str, Any],
+                      temperature: float = 0.0) -> Callable[[list[list[int]], int], dict[str, Any]]:
     """A burst run free, then under ``constraint``: the constrained figures, and the free decode as
     ``free_decode_tok_s`` / ``free_per_seq_decode_tok_s``."""
     from quanta.engine.constraint import Constraint, Grammar, ll_tokenizer
@@ -111,8 +115,8 @@ def constrained_burst(engine: Any, constraint: dict[str, Any]) -> Callable[[list
     vocabulary = ll_tokenizer(engine.tokenizer, engine.model.n_vocab)
 
     def burst(prompts: list[list[int]], n: int) -> dict[str, Any]:
-        free = run_burst(engine, prompts, n)
-        bound = run_burst(engine, prompts, n, lambda: Constraint(grammar, vocabulary))
+        free = run_burst(engine, prompts, n, temperature=temperature)
+        bound = run_burst(engine, prompts, n, lambda: Constraint(grammar, vocabulary), temperature)
         return bound | {f"free_{k}": free[k] for k in ("decode_tok_s", "per_seq_decode_tok_s")}
     return burst
 
@@ -175,8 +179,9 @@ def run_serving(cfg: ServingConfig, *, progress: bool = False) -> dict[str, Any]
     from quanta import LLM
 
     if cfg.vs is not None:
-        if cfg.constraint:
-            raise ValueError("--vs llama.cpp runs its bursts free: measure a constraint without --vs")
+        if cfg.constraint or cfg.temperature:
+            raise ValueError("--vs llama.cpp runs its bursts free and greedy: measure a constraint or a temperature "
+                             "without --vs")
         if cfg.device != "cpu":
             raise ValueError("--concurrency --vs llama.cpp compares on the CPU (the llama.cpp here is a CPU build)")
         require_llama_cpp()  # before quanta loads: a missing peer is the first thing said
@@ -193,8 +198,8 @@ def run_serving(cfg: ServingConfig, *, progress: bool = False) -> dict[str, Any]
         import torch
 
         report["device_name"] = torch.cuda.get_device_name()
-    burst = (constrained_burst(engine, cfg.constraint) if cfg.constraint
-             else lambda prompts, n: run_burst(engine, prompts, n))
+    burst = (constrained_burst(engine, cfg.constraint, cfg.temperature) if cfg.constraint
+             else lambda prompts, n: run_burst(engine, prompts, n, temperature=cfg.temperature))
     report["runs"] = _measure(burst, cfg, vocab, "quanta", progress)
     if cfg.prefix_tokens:
         report["prefix_cache"] = prefix_cache_ttft(engine, vocab, cfg.prefix_tokens)
@@ -212,7 +217,8 @@ def run_serving(cfg: ServingConfig, *, progress: bool = False) -> dict[str, Any]
 def format_serving(report: dict[str, Any]) -> str:
     where = f"{report['device']} ({report['device_name']})" if "device_name" in report else report["device"]
     c = report["config"]
-    lines = [f"model {report['model']} · {where} · p={c['prompt_tokens']} n={c['decode_tokens']} · "
+    sampling = f"sampled at temperature {c['temperature']:g}" if c.get("temperature") else "greedy"
+    lines = [f"model {report['model']} · {where} · p={c['prompt_tokens']} n={c['decode_tokens']} {sampling} · "
              f"{c['repeats']} repeats · median · KV pool {report['kv_blocks']:,} blocks of {report['block_size']}",
              "",
              f"{'concurrency':>11} {'decode tok/s':>13} {'per seq':>9} {'prefill tok/s':>14} "

@@ -40,6 +40,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="instead: the batched engine with C concurrent requests each (quanta.bench.serving)")
     p.add_argument("--prefix-tokens", type=int, default=1000, metavar="N",
                    help="with --concurrency: also the TTFT of a request sharing an N-token prefix (0: skip)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="with --concurrency: sample each token at temperature T (top-k 40, top-p 0.95, min-p 0.05, "
+                        "as `quanta run`; request i seeded with i) instead of greedy")
     p.add_argument("--speculative", choices=("ngram",), default=None,
                    help="instead: speculative decoding against plain decoding on three prompt sets, A/B "
                         "(quanta.bench.speculative; needs an instruct model)")
@@ -62,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--depth must be 0 or more")
     if args.busy_cores < 0:
         raise ValueError("--busy-cores must be 0 or more")
+    if not 0 <= args.temperature <= 1e4 or (args.temperature and args.concurrency is None):
+        raise ValueError("--temperature takes a number from 0 to 10000 and measures the batched engine: add "
+                         "--concurrency")
     if args.empty_kernel_cache and (args.no_cold_start or args.tensor_parallel > 1):
         raise ValueError("--empty-kernel-cache times a cold start: leave out --no-cold-start and --tensor-parallel")
     if args.plot:
@@ -116,7 +122,7 @@ def _serving(args: argparse.Namespace, threads: int) -> int:
                                        repeats=args.repeats, threads=threads, exact=args.exact,
                                        prefix_tokens=args.prefix_tokens, vs=args.vs, cpu_isa=args.cpu_isa,
                                        cuda=args.cuda, constraint=output_constraint(args) or None,
-                                       tensor_parallel=args.tensor_parallel),
+                                       tensor_parallel=args.tensor_parallel, temperature=args.temperature),
                          progress=sys.stderr.isatty())
     return _report(report, args, format_serving, plot_serving)
 
