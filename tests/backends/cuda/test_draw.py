@@ -34,10 +34,16 @@ def _settings() -> list[SamplingParams]:
     return out
 
 
-@pytest.mark.parametrize("order", ["given", "reversed"])
-def test_device_draws_equal_the_host_sampler(device: str, order: str) -> None:
+@pytest.mark.parametrize("order,fused", [("given", True), ("reversed", False)])
+def test_device_draws_equal_the_host_sampler(device: str, order: str, fused: bool,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fused``: cut rows drawn by the one-kernel path (their candidates fit it), else by the torch ops."""
+    from quanta.backends.cuda import draw
     from quanta.backends.cuda.backend import CUDABackend
     from quanta.engine.sampler import BatchSampler
+
+    if not fused:
+        monkeypatch.setattr(draw, "FUSED_MAX_K", 0)
 
     rng = np.random.default_rng(1)
     settings = _settings()

@@ -3,8 +3,10 @@ penalties, each row's token drawn with its own uniform (the host's draw from the
 row's token depends on its logits, its settings and its draw alone, as the host sampler's does (engine/sampler.py).
 
 The candidates come in the host sampler's order: a row that cuts by top-k or top-p takes them most likely first
-(``torch.topk`` of the batch's largest top-k, or of the whole row for a nucleus without top-k), a row that keeps the
-whole distribution in id order. Weights are float64 ``exp((logit - max) / temperature)``; top-k keeps the first k,
+(``torch.topk`` of the batch's largest top-k, or a sort of the whole row for a nucleus without top-k), a row that
+keeps the whole distribution in id order. Cut rows of up to FUSED_MAX_K candidates are drawn by one kernel
+(``_draw_few_kernel``), the others by torch ops (``_draw``, the same arithmetic): at batch 1 the ~35 launches of the
+torch ops cost more host time than a small model's whole decode step (GPU run 311). Weights are float64 ``exp((logit - max) / temperature)``; top-k keeps the first k,
 top-p each candidate whose predecessors' weight is below p of the kept total (and the first), min-p each whose
 weight reaches min_p (the largest weighs 1). The token is the first candidate whose cumulative weight exceeds ``u``
 times the kept total: ``Generator.choice``'s rule. Only the order of equal logits at a top-k boundary may differ from
@@ -18,8 +20,12 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
 from quanta.backends.base import SamplingRows
+
+FUSED_MAX_K = 1024  # candidates up to which a cut row is drawn by one kernel (more: torch ops over a sorted row)
 
 # the per-row columns of the one uploaded float64 array
 _COLUMNS = ("temperature", "top_k", "top_p", "min_p", "uniform", "repeat_penalty", "presence_penalty",
@@ -54,8 +60,8 @@ def sample_rows(logits: torch.Tensor, rows: SamplingRows, argmax: Callable[[torc
             top = int(rows.top_k[group].max())
             k = vocab if in_order or (rows.top_k[group] <= 0).any() or top >= vocab else top
             every = group.size == n  # (the groups are in row order)
-            drawn = _draw(x if every else x.index_select(0, idx), params if every else params.index_select(0, idx),
-                          k, in_order)
+            xs, ps = (x, params) if every else (x.index_select(0, idx), params.index_select(0, idx))
+            drawn = _draw_few(xs, ps, k) if not in_order and k <= FUSED_MAX_K else _draw(xs, ps, k, in_order)
             if every:
                 return drawn
             tokens.index_copy_(0, idx, drawn)
@@ -80,8 +86,8 @@ def _draw(x: torch.Tensor, params: torch.Tensor, k: int, in_order: bool) -> torc
     if in_order:
         vals, ids = x, None
         top = vals.max(dim=1, keepdim=True).values  # (NaN where the row holds one)
-    else:
-        vals, ids = torch.topk(x, k, dim=1)
+    else:  # (torch.topk of a whole row is many times slower than a sort)
+        vals, ids = torch.sort(x, dim=1, descending=True) if k == x.shape[1] else torch.topk(x, k, dim=1)
         top = vals[:, :1]
     weights = torch.exp((vals.double() - top.double()) / params[:, 0:1])
     if not in_order:
@@ -98,3 +104,38 @@ def _draw(x: torch.Tensor, params: torch.Tensor, k: int, in_order: bool) -> torc
     pick = torch.minimum(pick, last)
     token = (pick if ids is None else ids.gather(1, pick)).view(-1)
     return torch.where(torch.isfinite(top.view(-1)), token, -1).to(torch.int32)
+
+
+@triton.jit
+def _draw_few_kernel(vals_ptr, ids_ptr, params_ptr, out_ptr, K, N_PARAMS: tl.constexpr, BLOCK: tl.constexpr):
+    """One row's draw from its K most likely candidates (sorted): :func:`_draw`'s arithmetic in one program."""
+    r = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    inside = offs < K
+    v = tl.load(vals_ptr + r * K + offs, mask=inside, other=-float("inf")).to(tl.float64)
+    top = tl.load(vals_ptr + r * K)
+    p = params_ptr + r * N_PARAMS
+    temperature, top_k, top_p = tl.load(p), tl.load(p + 1), tl.load(p + 2)
+    min_p, u = tl.load(p + 3), tl.load(p + 4)
+    w = tl.exp((v - top.to(tl.float64)) / temperature)
+    w = tl.where(inside & (offs < tl.where(top_k <= 0, K, top_k)), w, 0.0)
+    before = tl.cumsum(w, 0) - w
+    kept = tl.sum(w, 0)
+    w = tl.where((before < tl.where(top_p >= 1.0, 2.0 * kept + 1.0, top_p * kept)) | (offs == 0), w, 0.0)
+    w = tl.where(w >= min_p, w, 0.0)
+    cdf = tl.cumsum(w, 0)
+    total = tl.sum(w, 0)
+    pick = tl.minimum(tl.sum((inside & (cdf <= u * total)).to(tl.int32), 0),
+                      tl.sum((inside & (cdf < total)).to(tl.int32), 0))
+    token = tl.sum(tl.where(offs == pick, tl.load(ids_ptr + r * K + offs, mask=inside, other=0), 0), 0)
+    finite = (top == top) & (tl.abs(top) < float("inf"))  # noqa: PLR0124 (the NaN test)
+    tl.store(out_ptr + r, tl.where(finite, token, -1).to(tl.int32))
+
+
+def _draw_few(x: torch.Tensor, params: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`_draw` of cut rows over their ``k`` (at most FUSED_MAX_K) largest: one topk, one kernel."""
+    vals, ids = torch.topk(x, k, dim=1)
+    out = torch.empty(x.shape[0], dtype=torch.int32, device=x.device)
+    _draw_few_kernel[(x.shape[0],)](vals, ids, params, out, k, N_PARAMS=params.shape[1],
+                                    BLOCK=triton.next_power_of_2(k))
+    return out
