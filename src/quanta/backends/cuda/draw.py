@@ -54,17 +54,17 @@ def sample_rows(logits: torch.Tensor, rows: SamplingRows, argmax: Callable[[torc
     # greedy rows: the argmax; sampled ones are written over it
     tokens = argmax(x) if sampled.size < n else torch.empty(n, dtype=torch.int32, device=x.device)
     for group, in_order in ((whole, True), (cut, False)):
-        if group.size:
-            idx = packed[o:o + group.size].long()
-            o += group.size
-            top = int(rows.top_k[group].max())
-            k = vocab if in_order or (rows.top_k[group] <= 0).any() or top >= vocab else top
-            every = group.size == n  # (the groups are in row order)
-            xs, ps = (x, params) if every else (x.index_select(0, idx), params.index_select(0, idx))
-            drawn = _draw_few(xs, ps, k) if not in_order and k <= FUSED_MAX_K else _draw(xs, ps, k, in_order)
-            if every:
-                return drawn
-            tokens.index_copy_(0, idx, drawn)
+        if not group.size:
+            continue
+        top = int(rows.top_k[group].max())
+        k = vocab if in_order or (rows.top_k[group] <= 0).any() or top >= vocab else top
+        fused = not in_order and k <= FUSED_MAX_K
+        if group.size == n:  # every row (the groups are in row order)
+            return _draw_few(x, params, k) if fused else _draw(x, params, k, in_order)
+        idx = packed[o:o + group.size].long()
+        o += group.size
+        xs, ps = x.index_select(0, idx), params.index_select(0, idx)
+        tokens.index_copy_(0, idx, _draw_few(xs, ps, k) if fused else _draw(xs, ps, k, in_order))
     return tokens
 
 
