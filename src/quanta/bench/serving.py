@@ -2,17 +2,17 @@
 
 For each concurrency c, c requests with different random prompts of the same length arrive at once and decode
 ``decode_tokens`` tokens each past end-of-generation, greedily (or sampled at ``temperature`` with the run defaults,
-request i seeded with i); the engine steps until all finish. Per c, medians
-over the repeats: prefill tok/s (prompt tokens over the time to the last request's first token), aggregate decode
-tok/s (tokens produced after that moment over the time after it: every sequence decoding together), per-sequence
-decode tok/s (the median request's tokens after its first over the time from its first to its last), and TTFT
-percentiles over every request of every repeat (arrival to first token, queueing included). Then the prefix cache:
-a request whose prompt shares ``prefix_tokens`` tokens with a finished one gets its first token in what fraction of
-the first one's time. The same prompts on every engine and run; warm-up runs first (kernels compiled, a CUDA graph
-captured per batch-size bucket). ``vs="llama.cpp"``: the same bursts through llama.cpp's own parallel decoding
-(llama_batched.py) after quanta's, on the CPU. ``constraint`` (one of generate's constraint keywords): each burst
-runs free, then with every request's output under that constraint (a request ends early where its grammar is
-complete); the figures are the constrained bursts', with the free ones' decode beside them: the masks' cost.
+request i seeded with i); the engine steps until all finish. Per c, medians over the repeats: prefill tok/s (prompt
+tokens over the time to the last request's first token), aggregate decode tok/s (tokens produced after that moment
+over the time after it: every sequence decoding together), per-sequence decode tok/s (the median request's tokens
+after its first over the time from its first to its last), and TTFT percentiles over every request of every repeat
+(arrival to first token, queueing included). Then the prefix cache: a request whose prompt shares ``prefix_tokens``
+tokens with a finished one gets its first token in what fraction of the first one's time. The same prompts on every
+engine and run; warm-up runs first (kernels compiled, a CUDA graph captured per batch-size bucket).
+``vs="llama.cpp"``: the same bursts through llama.cpp's own parallel decoding (llama_batched.py) after quanta's, on
+the CPU. ``constraint`` (one of generate's constraint keywords): each burst runs free, then with every request's
+output under that constraint (a request ends early where its grammar is complete); the figures are the constrained
+bursts', with the free ones' decode beside them: the masks' cost.
 """
 
 from __future__ import annotations
