@@ -250,7 +250,11 @@ def on_device(seq: Sequence) -> bool:
 def draws_on_device(seq: Sequence) -> bool:
     """Whether a backend that samples on the device (``Backend.sample_rows``) can pick ``seq``'s next token: no
     output constraint, no logprobs, no draft to verify."""
-    return seq.constraint is None and seq.params.logprobs is None and not seq.draft
+    return _device_drawable(seq) and not seq.draft
+
+
+def _device_drawable(seq: Sequence) -> bool:
+    return seq.constraint is None and seq.params.logprobs is None
 
 
 def needs_host_tokens(seq: Sequence, backend: Backend) -> bool:
@@ -259,8 +263,7 @@ def needs_host_tokens(seq: Sequence, backend: Backend) -> bool:
     its context's tokens. Fixed for the request's life."""
     if on_device(seq):
         return False
-    return (not backend.samples_on_device or seq.constraint is not None or seq.params.logprobs is not None
-            or seq.params.has_penalties)
+    return not (backend.samples_on_device and _device_drawable(seq)) or seq.params.has_penalties
 
 
 class BatchSampler:
