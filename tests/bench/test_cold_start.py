@@ -11,6 +11,7 @@ from quanta.bench.report import format_table
 
 
 def test_each_empty_cache_start_has_a_new_empty_triton_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)  # (the warm starts keep the caller's cache)
     seen: list[tuple[str | None, list[str]]] = []
 
     def start(engine, cfg, prompt, env=None):  # the child process's view of its environment
