@@ -19,8 +19,9 @@ import inspect
 import json
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl", "maxnreg")
@@ -29,9 +30,9 @@ SHARED_MEMORY = 232_448  # bytes of shared memory one program may use on sm_90
 
 
 @contextlib.contextmanager
-def recording(into: dict[str, dict[str, Any]], *, launch: bool = False) -> Iterator[None]:
-    """Each distinct interpreted launch in the block goes into ``into`` (keyed by its JSON); it runs only if
-    ``launch`` (otherwise its outputs keep whatever they held: the block may size kernels as a large model does)."""
+def recording(into: dict[str, dict[str, Any]]) -> Iterator[None]:
+    """Each distinct interpreted launch in the block goes into ``into`` (keyed by its JSON) and does not run: its
+    outputs keep whatever they held, so the block may size kernels as a large model does at no cost."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import mangle_type
 
@@ -50,7 +51,7 @@ def recording(into: dict[str, dict[str, Any]], *, launch: bool = False) -> Itera
         spec = {"module": self.fn.__module__, "kernel": self.fn.__name__, "signature": signature,
                 "constants": constants, "options": {k: kwargs[k] for k in OPTIONS if k in kwargs}}
         into.setdefault(json.dumps(spec, sort_keys=True, default=str), spec)
-        return run(self, *args, grid=grid, warmup=warmup or not launch, **kwargs)
+        return run(self, *args, grid=grid, warmup=True, **kwargs)
 
     InterpretedFunction.run = record
     try:
@@ -81,7 +82,7 @@ def compile_for_hopper(spec: dict[str, Any]) -> str | None:
 
 
 def main(path: str) -> int:
-    specs = json.loads(open(path).read())
+    specs = json.loads(Path(path).read_text())
     failed = 0
     for module in {spec["module"] for spec in specs}:  # imported before the threads share them
         importlib.import_module(module)
