@@ -51,7 +51,7 @@ def recording(into: dict[str, dict[str, Any]]) -> Iterator[None]:
         spec = {"module": self.fn.__module__, "kernel": self.fn.__name__, "signature": signature,
                 "constants": constants, "options": {k: kwargs[k] for k in OPTIONS if k in kwargs}}
         into.setdefault(json.dumps(spec, sort_keys=True, default=str), spec)
-        return run(self, *args, grid=grid, warmup=True, **kwargs)
+        return None  # (what the interpreter's run returns for a warm-up)
 
     InterpretedFunction.run = record
     try:
@@ -75,7 +75,8 @@ def compile_for_hopper(spec: dict[str, Any]) -> str | None:
         compiled = triton.compile(ASTSource(kernel, spec["signature"], constants), target=GPUTarget("cuda", 90, 32),
                                   options=options)
     except Exception as e:  # noqa: BLE001 - reported with the specialization
-        return f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        lines = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {lines[-1] if lines else ''}"
     if compiled.metadata.shared > SHARED_MEMORY:
         return f"needs {compiled.metadata.shared} bytes of shared memory (sm_90: {SHARED_MEMORY})"
     return None
