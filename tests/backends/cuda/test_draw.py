@@ -34,38 +34,61 @@ def _settings() -> list[SamplingParams]:
     return out
 
 
-@pytest.mark.parametrize("order,fused", [("given", True), ("reversed", False)])
-def test_device_draws_equal_the_host_sampler(device: str, order: str, fused: bool,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """``fused``: cut rows drawn by the one-kernel path (their candidates fit it), else by the torch ops."""
-    from quanta.backends.cuda import draw
+def _check_against_host(device: str, settings: list[SamplingParams], logits: np.ndarray, order: str) -> list[int]:
+    """The device's tokens for ``logits`` (a row per setting, in ``order``) equal sample_row's, and each sampled row
+    took one draw of its generator; returns the tokens, in setting order."""
     from quanta.backends.cuda.backend import CUDABackend
     from quanta.engine.sampler import BatchSampler
 
-    if not fused:
-        monkeypatch.setattr(draw, "FUSED_MAX_K", 0)
-
-    rng = np.random.default_rng(1)
-    settings = _settings()
-    n_vocab = 600
-    logits = (rng.standard_normal((len(settings) + 1, n_vocab)) * 3).astype(np.float32)
-    logits[-1, 11] = np.nan  # a broken row: -1
-    settings.append(SamplingParams(temperature=0.8))
-    seqs = [_Seq(p, list(rng.integers(0, n_vocab, 40)), seed=i) for i, p in enumerate(settings)]
+    rng = np.random.default_rng(2)
+    seqs = [_Seq(p, list(rng.integers(0, logits.shape[1], 40)), seed=i) for i, p in enumerate(settings)]
     rows = list(range(len(seqs)))
     if order == "reversed":  # a row's token does not depend on its batch's order
         rows = rows[::-1]
-    want = {}
-    for r in rows:
-        s = seqs[r]
-        want[r] = sample_row(logits[r].copy(), s.params, copy.deepcopy(s.rng), s.token_ids)
+    want = {r: sample_row(logits[r].copy(), seqs[r].params, copy.deepcopy(seqs[r].rng), seqs[r].token_ids)
+            for r in rows}
     be = CUDABackend(device)
     got = be.to_host(BatchSampler(be).draw_on_device(be.from_host(logits[rows]), [seqs[r] for r in rows]))
     assert [int(got[i]) for i in range(len(rows))] == [want[r] for r in rows]
-    assert want[len(seqs) - 1] == -1
-    # each sampled row took one draw of its generator, as the host sampler does
     for s, i in zip(seqs, itertools.count()):
         assert s.rng.random() == np.random.default_rng(i).random(1 + (not s.params.greedy))[-1]
+    return [want[r] for r in range(len(seqs))]
+
+
+@pytest.mark.parametrize("order,fused", [("given", True), ("reversed", False)])
+def test_device_draws_equal_the_host_sampler(device: str, order: str, fused: bool,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fused``: cut rows drawn by torch.topk and one kernel (their candidates fit it), else by the torch ops."""
+    from quanta.backends.cuda import draw
+
+    if not fused:
+        monkeypatch.setattr(draw, "FUSED_MAX_K", 0)
+    rng = np.random.default_rng(1)
+    settings = _settings() + [SamplingParams(temperature=0.8)]
+    logits = (rng.standard_normal((len(settings), 600)) * 3).astype(np.float32)
+    logits[-1, 11] = np.nan  # a broken row: -1
+    assert _check_against_host(device, settings, logits, order)[-1] == -1
+
+
+def test_two_kernel_draws_equal_the_host_sampler(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows cut to at most TOP_MAX candidates, found block by block (blocks of 128 here, the last three past the
+    row's end), with ties (the lower id first, as the host), -inf logits and a NaN."""
+    from quanta.backends.cuda import draw
+
+    monkeypatch.setattr(draw, "MIN_TOP_BLOCK", 128)
+    assert draw._top_blocks(600, 7) == (8, 128, 8)
+    cuts = [dict(top_k=k, top_p=p, min_p=m) for k, (p, m) in itertools.product((1, 2, 7), ((1.0, 0.0), (0.9, 0.05)))]
+    settings = [SamplingParams(temperature=1.3, **c) for c in cuts] + [
+        SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_k=7, repeat_penalty=1.3,
+                                                        logit_bias={2: 2.5, 900: 3.0}),
+        SamplingParams(temperature=5.0, top_k=7, top_p=1.0, min_p=0.0), SamplingParams(temperature=0.8, top_k=7)]
+    rng = np.random.default_rng(3)
+    logits = np.round(rng.standard_normal((len(settings), 600)) * 2, 1).astype(np.float32)  # many equal logits
+    logits[:, [50, 450]] = logits.max(axis=1, keepdims=True) + 1.0  # two equal largest, in different blocks
+    logits[-2, :590] = -np.inf  # ten finite candidates, seven kept
+    logits[-1, 599] = np.nan
+    tokens = _check_against_host(device, settings, logits, "given")
+    assert tokens[0] == tokens[1] == 50 and tokens[-1] == -1 and 590 <= tokens[-2] < 600
 
 
 def test_device_draws_follow_the_distribution(device: str) -> None:

@@ -62,7 +62,8 @@ def _forwards(path: Path, kv: str, exact: bool) -> None:
         logits = model.forward(be.from_host(ids), be.metadata(meta), cache, None)
         be.argmax_rows(logits)
         if logits.shape[0] <= 3:  # (the draws' kernels do not depend on the rows; their torch ops on the CPU are slow)
-            for top_k in ((0, 40, 0, 0), (40,)):  # (the one-kernel draw takes a batch whose cut rows all have top-k)
+            # cut rows all of top-k 40 are drawn by two kernels, all of 200 by torch.topk and one, mixed by torch ops
+            for top_k in ((0, 40, 0, 0), (40,), (200,)):
                 be.sample_rows(logits, _sampling_rows(logits.shape[0], top_k))
     _unfused_ops(be, model, cache, meta)
 

@@ -3,15 +3,18 @@ penalties, each row's token drawn with its own uniform (the host's draw from the
 row's token depends on its logits, its settings and its draw alone, as the host sampler's does (engine/sampler.py).
 
 The candidates come in the host sampler's order: a row that cuts by top-k or top-p takes them most likely first
-(``torch.topk`` of the batch's largest top-k, or a sort of the whole row for a nucleus without top-k), a row that
-keeps the whole distribution in id order. Cut rows of up to FUSED_MAX_K candidates are drawn by one kernel
-(``_draw_few_kernel``), the others by torch ops (``_draw``, the same arithmetic): at batch 1 the ~35 launches of the
-torch ops cost more host time than a small model's whole decode step (GPU run 311). Weights are float64 ``exp((logit - max) / temperature)``; top-k keeps the first k,
-top-p each candidate whose predecessors' weight is below p of the kept total (and the first), min-p each whose
-weight reaches min_p (the largest weighs 1). The token is the first candidate whose cumulative weight exceeds ``u``
-times the kept total: ``Generator.choice``'s rule. Only the order of equal logits at a top-k boundary may differ from
-the host's (lowest id first there). Greedy rows take the argmax of their adjusted logits; a row whose logits are not
-finite gives -1. Everything is queued: nothing waits for the device.
+(the batch's largest top-k, or a sort of the whole row for a nucleus without top-k), a row that keeps the whole
+distribution in id order. Cut rows of up to TOP_MAX candidates are found and drawn by two kernels (each block of the
+row keeps its largest as int64 keys that sort by logit, then by lower id, as the host's ``_largest``; a second
+kernel takes the row's largest of those and draws), cut rows of up to FUSED_MAX_K by ``torch.topk`` and one kernel
+(``_draw_few_kernel``; only the order of equal logits at the top-k boundary may differ from the host's there), the
+others by torch ops (``_draw``, the same arithmetic): at batch 1 the ~35 launches of the torch ops cost more host
+time than a small model's whole decode step (GPU run 311). Weights are float64 ``exp((logit - max) / temperature)``;
+top-k keeps the first k, top-p each candidate whose predecessors' weight is below p of the kept total (and the
+first), min-p each whose weight reaches min_p (the largest weighs 1). The token is the first candidate whose
+cumulative weight exceeds ``u`` times the kept total: ``Generator.choice``'s rule. Greedy rows take the argmax of
+their adjusted logits; a row whose logits are not finite gives -1. Everything is queued: nothing waits for the
+device.
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ import triton.language as tl
 from quanta.backends.base import SamplingRows
 
 FUSED_MAX_K = 1024  # candidates up to which a cut row is drawn by one kernel (more: torch ops over a sorted row)
+# cut rows of up to TOP_MAX candidates find them without torch.topk, whose host time was most of what a sampled step
+# cost beyond a greedy one at batch 1 (GPU run 318): each block of MIN_TOP_BLOCK or more logits keeps its largest,
+# as sortable int64 keys, and a second kernel takes the row's from those (TOP_KEYS at most) and draws
+TOP_MAX = 128
+TOP_KEYS = 4096
+MIN_TOP_BLOCK = 1024
 
 # the per-row columns of the one uploaded float64 array
 _COLUMNS = ("temperature", "top_k", "top_p", "min_p", "uniform", "repeat_penalty", "presence_penalty",
@@ -107,17 +116,14 @@ def _draw(x: torch.Tensor, params: torch.Tensor, k: int, in_order: bool) -> torc
 
 
 @triton.jit
-def _draw_few_kernel(vals_ptr, ids_ptr, params_ptr, out_ptr, K, N_PARAMS: tl.constexpr, BLOCK: tl.constexpr):
-    """One row's draw from its K most likely candidates (sorted): :func:`_draw`'s arithmetic in one program."""
-    r = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
+def _draw_sorted(v, ids, K, top, p, out_ptr):
+    """Write the token drawn from the K candidates ``v`` (most likely first, ``top`` the first; past K: anything)
+    with ids ``ids`` under the settings at ``p``: :func:`_draw`'s arithmetic."""
+    offs = tl.arange(0, v.shape[0])
     inside = offs < K
-    v = tl.load(vals_ptr + r * K + offs, mask=inside, other=-float("inf")).to(tl.float64)
-    top = tl.load(vals_ptr + r * K)
-    p = params_ptr + r * N_PARAMS
     temperature, top_k, top_p = tl.load(p), tl.load(p + 1), tl.load(p + 2)
     min_p, u = tl.load(p + 3), tl.load(p + 4)
-    w = tl.exp((v - top.to(tl.float64)) / temperature)
+    w = tl.exp((v.to(tl.float64) - top.to(tl.float64)) / temperature)
     w = tl.where(inside & (offs < tl.where(top_k <= 0, K, top_k)), w, 0.0)
     before = tl.cumsum(w, 0) - w
     kept = tl.sum(w, 0)
@@ -127,15 +133,81 @@ def _draw_few_kernel(vals_ptr, ids_ptr, params_ptr, out_ptr, K, N_PARAMS: tl.con
     total = tl.sum(w, 0)
     pick = tl.minimum(tl.sum((inside & (cdf <= u * total)).to(tl.int32), 0),
                       tl.sum((inside & (cdf < total)).to(tl.int32), 0))
-    token = tl.sum(tl.where(offs == pick, tl.load(ids_ptr + r * K + offs, mask=inside, other=0), 0), 0)
+    token = tl.sum(tl.where(offs == pick, ids, 0), 0)
     finite = (top == top) & (tl.abs(top) < float("inf"))  # noqa: PLR0124 (the NaN test)
-    tl.store(out_ptr + r, tl.where(finite, token, -1).to(tl.int32))
+    tl.store(out_ptr, tl.where(finite, token, -1).to(tl.int32))
+
+
+@triton.jit
+def _draw_few_kernel(vals_ptr, ids_ptr, params_ptr, out_ptr, K, N_PARAMS: tl.constexpr, BLOCK: tl.constexpr):
+    """One row's draw from its K most likely candidates (sorted by torch.topk)."""
+    r = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(vals_ptr + r * K + offs, mask=offs < K, other=-float("inf"))
+    ids = tl.load(ids_ptr + r * K + offs, mask=offs < K, other=0)
+    _draw_sorted(v, ids, K, tl.load(vals_ptr + r * K), params_ptr + r * N_PARAMS, out_ptr + r)
+
+
+@triton.jit
+def _keys(x, ids, valid):
+    """int64 keys that order logits ``x`` as floats, of two equal ones the lower id first, any NaN above everything
+    (as torch.topk puts it first) and the invalid lanes below everything."""
+    x = tl.where(x != x, float("nan"), x)  # noqa: PLR0124 (every NaN the positive quiet one)
+    bits = x.to(tl.int32, bitcast=True)
+    high = tl.where(valid, bits ^ ((bits >> 31) & 0x7FFFFFFF), -2147483648)  # negative floats' magnitude bits flipped
+    return (high.to(tl.int64) << 32) | (0x7FFFFFFF - ids).to(tl.int64)
+
+
+@triton.jit
+def _key_value(key):
+    """The logit of a key (:func:`_keys`)."""
+    high = (key >> 32).to(tl.int32)
+    return (high ^ ((high >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _top_block_kernel(x_ptr, keys_ptr, N, stride, NB, BLOCK: tl.constexpr, KB: tl.constexpr):
+    """The KB largest keys of block ``program_id(0)`` of row ``program_id(1)``, largest first."""
+    b = tl.program_id(0)
+    r = tl.program_id(1)
+    offs = b * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + r * stride + offs, mask=offs < N, other=0.0)
+    tl.store(keys_ptr + (r * NB + b) * KB + tl.arange(0, KB), tl.topk(_keys(x, offs, offs < N), KB))
+
+
+@triton.jit
+def _draw_top_kernel(keys_ptr, params_ptr, out_ptr, K, N_PARAMS: tl.constexpr, KEYS: tl.constexpr,
+                     KB: tl.constexpr):
+    """One row's draw from the K largest of its blocks' best keys (:func:`_top_block_kernel`)."""
+    r = tl.program_id(0)
+    keys = tl.load(keys_ptr + r * KEYS + tl.arange(0, KEYS))
+    top = tl.topk(keys, KB)
+    ids = 0x7FFFFFFF - (top & 0x7FFFFFFF).to(tl.int32)
+    _draw_sorted(_key_value(top), ids, K, _key_value(tl.max(keys, 0)), params_ptr + r * N_PARAMS, out_ptr + r)
+
+
+def _top_blocks(vocab: int, k: int) -> tuple[int, int, int]:
+    """The two-kernel draw's sizes for a row of ``vocab`` logits and ``k`` candidates: keys kept per block (a power
+    of two >= k), logits per block, blocks (a power of two; their kept keys at most TOP_KEYS)."""
+    kept = max(2, triton.next_power_of_2(k))
+    block = max(MIN_TOP_BLOCK, kept, triton.next_power_of_2(triton.cdiv(vocab * kept, TOP_KEYS)))
+    return kept, block, triton.next_power_of_2(triton.cdiv(vocab, block))
 
 
 def _draw_few(x: torch.Tensor, params: torch.Tensor, k: int) -> torch.Tensor:
-    """:func:`_draw` of cut rows over their ``k`` (at most FUSED_MAX_K) largest: one topk, one kernel."""
+    """:func:`_draw` of cut rows over their ``k`` (at most FUSED_MAX_K) largest: up to TOP_MAX, each block's k
+    largest then the row's (two kernels); beyond, one topk and one kernel."""
+    n, vocab = x.shape
+    assert x.stride(1) == 1
+    out = torch.empty(n, dtype=torch.int32, device=x.device)
+    if k <= TOP_MAX and k < vocab:  # (a tiny vocabulary's whole row: one topk)
+        kept, block, blocks = _top_blocks(vocab, k)
+        keys = torch.empty((n, blocks, kept), dtype=torch.int64, device=x.device)
+        _top_block_kernel[(blocks, n)](x, keys, vocab, x.stride(0), blocks, BLOCK=block, KB=kept,
+                                       num_warps=4 if block <= 2048 else 8)
+        _draw_top_kernel[(n,)](keys, params, out, k, N_PARAMS=params.shape[1], KEYS=blocks * kept, KB=kept,
+                               num_warps=4 if blocks * kept <= 1024 else 8)
+        return out
     vals, ids = torch.topk(x, k, dim=1)
-    out = torch.empty(x.shape[0], dtype=torch.int32, device=x.device)
-    _draw_few_kernel[(x.shape[0],)](vals, ids, params, out, k, N_PARAMS=params.shape[1],
-                                    BLOCK=triton.next_power_of_2(k))
+    _draw_few_kernel[(n,)](vals, ids, params, out, k, N_PARAMS=params.shape[1], BLOCK=triton.next_power_of_2(k))
     return out
