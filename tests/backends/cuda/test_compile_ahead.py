@@ -1,7 +1,7 @@
 """Compiling ahead (backends/cuda/compile_ahead.py) on a GPU: in a fresh process with an empty Triton cache, the
-dry runs before each new shape's first forward compile every kernel the forwards launch (none of them compiles at
-its launch; the sampler's argmax, outside the forward, still does), and the tokens are those of a process that
-compiles each kernel as it is launched."""
+dry runs before each new shape's first forward compile every kernel the forwards launch and the sampled draw's
+(none of them compiles at its launch; the greedy argmax, outside the forward, still does), and the tokens are
+those of a process that compiles each kernel as it is launched."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ knobs.runtime.jit_cache_hook = count
 llm = LLM(sys.argv[1], device="cuda", cuda={"compile_ahead": sys.argv[2] == "on"})
 out = [llm.generate([3, 17, 5, 60, 2, 9, 33, 41, 7], max_tokens=8, temperature=0.0, ignore_eos=True).token_ids
        for _ in range(3)]
+out.append(llm.generate([3, 17, 5], max_tokens=8, seed=1, ignore_eos=True).token_ids)  # sampled: top-k 40
 print("RESULT", json.dumps({"tokens": out, "at_launch": at_launch}))
 """
 
@@ -58,6 +59,7 @@ def test_dry_runs_compile_every_kernel_and_change_no_token(tmp_path: Path) -> No
     lazy = _run(model, "off", tmp_path / "cache_off")
     outside_forward = {"quanta.backends.cuda.sampling"}
     assert set(lazy["at_launch"]) - outside_forward, "the count sees the forward's kernels compiled at their launch"
+    assert "quanta.backends.cuda.draw" in lazy["at_launch"]  # the sampled draw's kernels, compiled ahead too
     assert set(ahead["at_launch"]) <= outside_forward
     assert ahead["tokens"] == lazy["tokens"]
     assert ahead["tokens"][0] == ahead["tokens"][1] == ahead["tokens"][2]

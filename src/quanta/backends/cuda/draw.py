@@ -35,6 +35,7 @@ FUSED_MAX_K = 1024  # candidates up to which a cut row is drawn by one kernel (m
 TOP_MAX = 128
 TOP_KEYS = 4096
 MIN_TOP_BLOCK = 1024
+WARM_TOP_K = 40  # the top-k whose kernels compile ahead (warm_up): SamplingParams' default
 
 # the per-row columns of the one uploaded float64 array
 _COLUMNS = ("temperature", "top_k", "top_p", "min_p", "uniform", "repeat_penalty", "presence_penalty",
@@ -184,6 +185,13 @@ def _draw_top_kernel(keys_ptr, params_ptr, out_ptr, K, N_PARAMS: tl.constexpr, K
     top = tl.topk(keys, KB)
     ids = 0x7FFFFFFF - (top & 0x7FFFFFFF).to(tl.int32)
     _draw_sorted(_key_value(top), ids, K, _key_value(tl.max(keys, 0)), params_ptr + r * N_PARAMS, out_ptr + r)
+
+
+def warm_up(logits: torch.Tensor) -> None:
+    """Launch the draw of ``logits``' rows cut to WARM_TOP_K (settings unset): for a compile-ahead dry run, which
+    launches nothing and compiles the kernels it records (compile_ahead.py)."""
+    _draw_few(logits, torch.zeros((logits.shape[0], len(_COLUMNS)), dtype=torch.float64, device=logits.device),
+              WARM_TOP_K)
 
 
 def _top_blocks(vocab: int, k: int) -> tuple[int, int, int]:

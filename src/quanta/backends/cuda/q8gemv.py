@@ -229,7 +229,7 @@ def _q8_step(acc, words, hw, s0, m0, s1, m1, xq_ptr, xd_ptr, j, NU, BITS: tl.con
 
 @triton.jit
 def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr,
-                    y2_ptr, N, N1, N2, K, QW, QHW, stride_y, pos_ptr, slot_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF,
+                    y2_ptr, M, N, N1, N2, K, QW, QHW, stride_y, pos_ptr, slot_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF,
                     NSLOTS,
                     BITS: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                     HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
@@ -240,7 +240,8 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_p
     the first K step (PRE2: the first two) loaded before waiting for the kernel that writes x; its output side,
     with ROPE too)."""
     UPC: tl.constexpr = BITS // 4
-    m, rows, rmask, jj, NU, NG, NSB = _gemv_program(N, K, N2, ROW0, HD, HALF, UPC, G, SB, ROPE, NEOX, BN, BJ, PDL)
+    m, rows, rmask, jj, NU, NG, NSB = _gemv_program(M, N, K, N2, ROW0, HD, HALF, UPC, G, SB, ROPE, NEOX, BN, BJ,
+                                                    PDL)
     xq_row = xq_ptr + m * (K // 4)
     xd_row = xd_ptr + m * (K // 32)
     qrow = q_ptr + rows[:, None, None] * QW
@@ -275,7 +276,7 @@ def gemv_q8(xq: Q8Activation, w: PackedWeight, ep: Any, pdl_on: bool = False) ->
     cfg = Q8_CONFIG[tile_key(w)]
     pre2 = cfg.get("PRE", 1) == 2 and w.k // 32 * (kw["BITS"] // 4) > kw["BJ"]  # "PRE": K steps before the wait
     words, qh, *scales = _planes(w, words=True)
-    _gemv_q8_kernel[(triton.cdiv(w.n, bn), m)](
-        xq.q.view(torch.int32), xq.d, words, qh, *scales, *ep.args(), w.n, *ep.bounds, k, words.stride(0),
+    _gemv_q8_kernel[(triton.cdiv(w.n, bn) * m,)](
+        xq.q.view(torch.int32), xq.d, words, qh, *scales, *ep.args(), m, w.n, *ep.bounds, k, words.stride(0),
         qh.stride(0), ep.out.stride(0), *ep.gemv_args(), EMULATE=xq.q.device.type != "cuda", PRE2=pre2,
         **ep.gemv_flags(), **kw)

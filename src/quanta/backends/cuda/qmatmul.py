@@ -123,13 +123,24 @@ def _group_scale(d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, g, gmask, NG, NSB
 
 
 @triton.jit
-def _gemv_program(N, K, N2, ROW0, HD, HALF, UPC: tl.constexpr, G: tl.constexpr, SB: tl.constexpr,
+def _gemv_program(M, N, K, N2, ROW0, HD, HALF, UPC: tl.constexpr, G: tl.constexpr, SB: tl.constexpr,
                   ROPE: tl.constexpr, NEOX: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, PDL: tl.constexpr):
     """The GEMVs' first lines: let the next kernel launch (PDL); then this program's activation row, its output
     rows and their mask, the unit offsets of a K step, and the units, groups and super-blocks per weight row."""
     pdl.allow_next(PDL)
-    rows = gemv_rows(tl.program_id(0), BN, ROW0, N2, HD, HALF, ROPE, NEOX)
-    return tl.program_id(1), rows, rows < N, tl.arange(0, BJ), K // 32 * UPC, K // G, K // SB
+    tile, m = _tile_and_row(M)
+    rows = gemv_rows(tile, BN, ROW0, N2, HD, HALF, ROPE, NEOX)
+    return m, rows, rows < N, tl.arange(0, BJ), K // 32 * UPC, K // G, K // SB
+
+
+@triton.jit
+def _tile_and_row(M):
+    """A GEMV program's weight-row tile and activation row (of M): the M programs of a tile are consecutive, so
+    they run together and a weight tile comes from DRAM once for all rows (tiles outermost, a matrix larger
+    than L2 was read once per row: TinyLlama's 54 MB head at 4 rows 25 -> 81 us, GPU run 320). M == 1 is
+    specialized by Triton: a batch of one computes nothing here."""
+    pid = tl.program_id(0)
+    return pid // M, pid % M
 
 
 @triton.jit
@@ -212,7 +223,7 @@ def _gemv_step(acc, words, hw, s0, m0, s1, m1, xrow, j, NU, BITS: tl.constexpr, 
 
 @triton.jit
 def _gemv_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr,
-                 N, N1, N2, K, QW, QHW, stride_x, stride_y, pos_ptr, slot_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF,
+                 M, N, N1, N2, K, QW, QHW, stride_x, stride_y, pos_ptr, slot_ptr, cos_ptr, sin_ptr, ROW0, HD, HALF,
                  NSLOTS, BITS: tl.constexpr, HB: tl.constexpr, G: tl.constexpr, SB: tl.constexpr, QOFF: tl.constexpr,
                  HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr,
@@ -225,7 +236,8 @@ def _gemv_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr,
     kernel (PDL): most decode matrices are one or two steps long, so their weights stream during its tail.
     ROPE: a decode Q/K/V projection that rotates and stores into the KV cache (rope.py's ``rope_store``)."""
     UPC: tl.constexpr = BITS // 4
-    m, rows, rmask, jj, NU, NG, NSB = _gemv_program(N, K, N2, ROW0, HD, HALF, UPC, G, SB, ROPE, NEOX, BN, BJ, PDL)
+    m, rows, rmask, jj, NU, NG, NSB = _gemv_program(M, N, K, N2, ROW0, HD, HALF, UPC, G, SB, ROPE, NEOX, BN, BJ,
+                                                    PDL)
     xrow = x_ptr + m * stride_x
     qrow = q_ptr + rows[:, None, None] * QW
     words, hw, s0, m0, s1, m1 = _gemv_tile(qrow, qh_ptr, QHW, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU,
@@ -244,15 +256,15 @@ def _gemv_kernel(x_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_ptr, res_ptr,
 
 
 @triton.jit
-def _gemv_dense_kernel(x_ptr, w_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, N, N1, N2, K, WS, stride_x, stride_y,
+def _gemv_dense_kernel(x_ptr, w_ptr, res_ptr, b_ptr, y_ptr, y1_ptr, y2_ptr, M, N, N1, N2, K, WS, stride_x,
+                       stride_y,
                        HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                        BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
     """One program: BN features of one row of x against a float16/bfloat16/float32 matrix."""
     pdl.allow_next(PDL)
     pdl.wait_prev(PDL)
-    pid = tl.program_id(0)
-    m = tl.program_id(1)
-    rows = pid * BN + tl.arange(0, BN)
+    tile, m = _tile_and_row(M)
+    rows = tile * BN + tl.arange(0, BN)
     rmask = rows < N
     acc = tl.zeros([BN, BK], dtype=tl.float32)
     for k0 in range(0, K, BK):
@@ -317,15 +329,15 @@ def _gemv(x: torch.Tensor, w: PackedWeight, ep: _Epilogue, pdl_on: bool) -> None
     stride_y = ep.out.stride(0)
     if w.kind == "dense":
         bn = 4
-        _gemv_dense_kernel[(triton.cdiv(w.n, bn), m)](x, w.q, *ep.args(), w.n, *ep.bounds, k, w.q.stride(0),
-                                                      x.stride(0), stride_y, BN=bn, BK=256, num_warps=4,
-                                                      **ep.flags(), **pdl.launch(pdl_on))
+        _gemv_dense_kernel[(triton.cdiv(w.n, bn) * m,)](x, w.q, *ep.args(), m, w.n, *ep.bounds, k, w.q.stride(0),
+                                                        x.stride(0), stride_y, BN=bn, BK=256, num_warps=4,
+                                                        **ep.flags(), **pdl.launch(pdl_on))
         return
     bn, kw = gemv_launch(GEMV_CONFIG, w, pdl_on)
     words, qh, *scales = _planes(w, words=True)
-    _gemv_kernel[(triton.cdiv(w.n, bn), m)](x, words, qh, *scales, *ep.args(), w.n, *ep.bounds, k, words.stride(0),
-                                            qh.stride(0), x.stride(0), stride_y, *ep.gemv_args(),
-                                            **ep.gemv_flags(), **kw)
+    _gemv_kernel[(triton.cdiv(w.n, bn) * m,)](x, words, qh, *scales, *ep.args(), m, w.n, *ep.bounds, k,
+                                              words.stride(0), qh.stride(0), x.stride(0), stride_y, *ep.gemv_args(),
+                                              **ep.gemv_flags(), **kw)
 
 
 def tile_key(w: PackedWeight) -> tuple[int, str]:
