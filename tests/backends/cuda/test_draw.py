@@ -169,3 +169,13 @@ def test_the_engine_samples_on_the_device_as_on_the_host(tmp_path, device: str, 
     assert with_penalties[:3] == device_tokens and ahead == 0
     assert with_penalties[3] == run([(prompts[0], settings[3])], host=True)[0][0]
     assert len({tuple(t) for t in device_tokens}) == 3
+
+
+def test_the_compile_ahead_warm_up_takes_any_vocabulary(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """draw.warm_up (run inside compile-ahead dry runs) launches a draw for logits of any width, narrower than the
+    default top-k too (where it once asked torch.topk for more candidates than the row has)."""
+    from quanta.backends.cuda import draw
+
+    monkeypatch.setattr(draw, "MIN_TOP_BLOCK", 128)
+    for vocab in (30, 40, 300):
+        draw.warm_up(torch.randn(2, vocab, device=device))

@@ -190,8 +190,9 @@ def _draw_top_kernel(keys_ptr, params_ptr, out_ptr, K, N_PARAMS: tl.constexpr, K
 def warm_up(logits: torch.Tensor) -> None:
     """Launch the draw of ``logits``' rows cut to WARM_TOP_K (settings unset): for a compile-ahead dry run, which
     launches nothing and compiles the kernels it records (compile_ahead.py)."""
-    _draw_few(logits, torch.zeros((logits.shape[0], len(_COLUMNS)), dtype=torch.float64, device=logits.device),
-              WARM_TOP_K)
+    n, vocab = logits.shape
+    _draw_few(logits, torch.zeros((n, len(_COLUMNS)), dtype=torch.float64, device=logits.device),
+              min(WARM_TOP_K, vocab))
 
 
 def _top_blocks(vocab: int, k: int) -> tuple[int, int, int]:
