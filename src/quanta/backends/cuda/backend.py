@@ -304,6 +304,7 @@ class CUDABackend(Backend):
         self._join_primer()
         if not self.kernels_ahead:
             return 0
+
         def forward_and_draw() -> None:  # (the sampled draw's kernels too: 4.6 s to compile one by one, run 320)
             logits = forward()
             if isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.stride(1) == 1:
