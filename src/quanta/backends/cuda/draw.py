@@ -181,10 +181,9 @@ def _draw_top_kernel(keys_ptr, params_ptr, out_ptr, K, N_PARAMS: tl.constexpr, K
                      KB: tl.constexpr):
     """One row's draw from the K largest of its blocks' best keys (:func:`_top_block_kernel`)."""
     r = tl.program_id(0)
-    keys = tl.load(keys_ptr + r * KEYS + tl.arange(0, KEYS))
-    top = tl.topk(keys, KB)
+    top = tl.topk(tl.load(keys_ptr + r * KEYS + tl.arange(0, KEYS)), KB)
     ids = 0x7FFFFFFF - (top & 0x7FFFFFFF).to(tl.int32)
-    _draw_sorted(_key_value(top), ids, K, _key_value(tl.max(keys, 0)), params_ptr + r * N_PARAMS, out_ptr + r)
+    _draw_sorted(_key_value(top), ids, K, _key_value(tl.max(top, 0)), params_ptr + r * N_PARAMS, out_ptr + r)
 
 
 def warm_up(logits: torch.Tensor) -> None:
