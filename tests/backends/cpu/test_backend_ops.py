@@ -136,6 +136,37 @@ def test_one_long_decode_over_the_threads(be):
 
 
 
+
+def test_a_decode_batch_on_the_worker_threads_equals_each_token_alone(be, monkeypatch):
+    """Eight sequences' decode tokens (f16 cache, nine query heads on three KV heads) make enough work for the
+    GEMV's worker threads; each token's output equals, bit for bit, its output decoded alone (on the calling
+    thread), and the naive attention's within f16's rounding."""
+    from quanta.backends.cpu import attention as cpu_attention
+
+    calls = []
+    on_workers = cpu_attention.attention_on_workers
+    monkeypatch.setattr(cpu_attention, "attention_on_workers", lambda *a: calls.append(1) or on_workers(*a))
+    n_heads, n_kv, hd, b = 9, 3, 64, 16
+    lengths = [97, 120, 64, 101, 88, 130, 75, 110]
+    tables = np.random.default_rng(2).permutation(sum(-(-n // b) for n in lengths))
+    starts = np.cumsum([0] + [-(-n // b) for n in lengths])
+    tables = [list(tables[starts[j]:starts[j + 1]]) for j in range(len(lengths))]
+    data = [(randn(n, n_heads, hd), randn(n, n_kv, hd), randn(n, n_kv, hd)) for n in lengths]
+    cache = be.kv_cache(KVShape(1, n_kv, hd, int(starts[-1]), b), "f16")[0]
+    for (q, k, v), table, n in zip(data, tables, lengths):
+        be.attention(q[:-1], k[:-1], v[:-1], cache, be.metadata(placement([(table, 0, n - 1)], b)), scale=0.125)
+    last = [np.concatenate([d[x][-1:] for d in data]) for x in range(3)]
+    meta = be.metadata(placement([(table, n - 1, 1) for table, n in zip(tables, lengths)], b))
+    batch = be.attention(*last, cache, meta, scale=0.125)
+    assert calls, "the batch did not run on the worker threads"
+    for j, ((q, k, v), table, n) in enumerate(zip(data, tables, lengths)):
+        alone = be.attention(q[-1:], k[-1:], v[-1:], cache, be.metadata(placement([(table, n - 1, 1)], b)),
+                             scale=0.125)
+        np.testing.assert_array_equal(batch[j:j + 1], alone)
+        want = attention_reference(q, k, v, np.arange(n), 0.125, 0, 0.0)[-1:]
+        np.testing.assert_allclose(alone, want, rtol=0, atol=3e-3)
+    assert len(calls) == 1
+
 @pytest.mark.parametrize("exact", [False, True])
 @pytest.mark.parametrize("shape", [(3, 50), (20, 2050)])  # rows with a tail past the 16 lanes; the threaded path
 def test_gated_activations_match_torch(exact, shape):

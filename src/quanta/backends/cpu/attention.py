@@ -27,12 +27,14 @@ thread count only, so a token's output does not depend on the other sequences of
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numba
 import numpy as np
 
 from quanta.backends.cpu.cached_dispatch import renamed
-from quanta.backends.cpu.kernels.key_runs import HEADS_PER_PASS, add_weighted_run, prefetch_run, scores_of_run
+from quanta.backends.cpu.kernels import workers as _workers
+from quanta.backends.cpu.kernels.paged_decode import HEADS_PER_PASS, half_passes, half_task
 from quanta.backends.cpu.kernels.vector_rows import (
     axpy, exp_shifted, is_half, scaled_axpy, scaled_dot_row, store_row,
 )
@@ -88,46 +90,6 @@ def write_kv(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
         for h in range(n_kv):
             _store(k[i, h], k_cache, k_scale, h, slots[i], row)
             _store(v[i, h], v_cache, v_scale, h, slots[i], row)
-
-
-@numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def _attend_runs(q: np.ndarray, keys: np.ndarray, values: np.ndarray, table: np.ndarray, block_size: int, lo: int,
-                 p: int, scale: float, softcap: float, s: np.ndarray, best: np.ndarray, o: np.ndarray) -> None:
-    """The attention of query heads ``q`` (G, hd) of one KV head (``keys``, ``values``: its (slots, hd) f16 pool
-    rows) over positions lo..p into ``o`` (G, hd): a paged block's run of slots at a time (``key_runs``: each key
-    and value read once for the G heads); ``s`` (>= G rows of >= p + 1 - lo), ``best``: score and maximum scratch."""
-    g_count, n = q.shape[0], p + 1 - lo
-    scores = s[:g_count]
-    for g in range(g_count):
-        best[g] = -np.inf
-    j = lo
-    while j <= p:  # one run per paged block; the next block's keys and this one's values asked for ahead
-        blk = j // block_size
-        first, count = table[blk] * block_size + j - blk * block_size, min((blk + 1) * block_size, p + 1) - j
-        if j + count <= p:
-            after = table[blk + 1] * block_size
-            prefetch_run(keys[after:after + min(block_size, p + 1 - j - count)])
-        prefetch_run(values[first:first + count])
-        scores_of_run(scores, j - lo, q, keys[first:first + count], np.float32(scale), best)
-        j += count
-    for g in range(g_count):
-        row, m = scores[g, :n], best[g]
-        if softcap > 0:
-            m = -np.inf
-            for t in range(n):
-                row[t] = np.float32(softcap * math.tanh(row[t] / softcap))
-                m = max(m, row[t])
-        inv = np.float32(1.0) / exp_shifted(row, m)
-        for t in range(n):
-            row[t] *= inv
-    for g in range(g_count):
-        o[g] = 0.0
-    j = lo
-    while j <= p:
-        blk = j // block_size
-        first, count = table[blk] * block_size + j - blk * block_size, min((blk + 1) * block_size, p + 1) - j
-        add_weighted_run(o, scores, j - lo, values[first:first + count])
-        j += count
 
 
 @numba.njit(nogil=True, cache=True)
@@ -188,21 +150,12 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
     one KV head, fewer where one token would make under ``min_tasks`` tasks (the threads: Gemma-3's one KV head and
     four query heads go in two passes of two)."""
     n_heads, hd = q.shape[1], q.shape[2]
-    n_kv = k_cache.shape[0]
-    group = n_heads // n_kv
+    group = n_heads // k_cache.shape[0]
     if k_scale is None and is_half(k_cache):  # the default mode's f16 cache: a KV head's query heads together
-        passes = -(-group // HEADS_PER_PASS)  # of nearly equal sizes; smaller where a token would make too few
-        if n_kv * passes < min_tasks:  # tasks (never a function of the batch: a row's arithmetic must not be)
-            passes = min(group, -(-min_tasks // n_kv))
-        for t in numba.prange(rows.size * n_kv * passes):
-            i, kh, part = rows[t // (n_kv * passes)], (t // passes) % n_kv, t % passes
-            h0 = kh * group + part * (group // passes) + min(part, group % passes)
-            g_count = group // passes + (1 if part < group % passes else 0)
-            p = positions[i]
-            lo = max(0, p - window + 1) if window > 0 else 0
-            tid = numba.get_thread_id()
-            _attend_runs(q[i, h0:h0 + g_count], k_cache[kh], v_cache[kh], block_tables[token_seq[i]], block_size, lo,
-                         p, scale, softcap, scratch[tid], best[tid], out[i, h0:h0 + g_count])
+        passes = half_passes(n_heads, k_cache.shape[0], min_tasks)
+        for t in numba.prange(rows.size * k_cache.shape[0] * passes):
+            half_task(t, passes, q, k_cache, v_cache, rows, positions, token_seq, block_tables, block_size, scale,
+                      window, softcap, scratch[numba.get_thread_id()], best[numba.get_thread_id()], out)
         return
     for t in numba.prange(rows.size * n_heads):
         i, h = rows[t // n_heads], t % n_heads
@@ -227,6 +180,22 @@ def attention_kernel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_
 # it crashes (CPUThreads starts it, with numba.set_num_threads, before any forward)
 attention_kernel_serial = numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})(
     renamed(attention_kernel.py_func, "attention_kernel_serial"))
+
+
+def attention_on_workers(threads: Any, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, rows: np.ndarray,
+                         positions: np.ndarray, token_seq: np.ndarray, block_tables: np.ndarray, block_size: int,
+                         scale: float, window: int, softcap: float, scratch: np.ndarray, best: np.ndarray,
+                         out: np.ndarray, min_tasks: int) -> None:
+    """``attention_kernel`` of the f16 cache on the GEMV's native worker threads (``threads``: a
+    ``qmatmul.CPUThreads``) instead of numba's OpenMP team: the same tasks, whichever thread is free taking the next,
+    so a thread kept off its core stalls nobody (an OpenMP region waits for its whole team)."""
+    pool = threads.workers
+    with threads.gemv_lock:
+        window_ended = _workers.attention_f16(threads.token, pool.ctl, pool.job, q, k_cache, v_cache, rows, positions,
+                                              token_seq, block_tables, block_size, scale, window, softcap, scratch,
+                                              best, out, half_passes(q.shape[1], k_cache.shape[0], min_tasks))
+    if window_ended and threads.n > 1:
+        threads.adapt()
 
 
 def hadamard_matrix(n: int) -> np.ndarray:

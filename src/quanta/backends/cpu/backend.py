@@ -120,7 +120,8 @@ class CPUBackend(Backend):
         longest = int(host.positions[rows].max()) + 1 if rows.size else 0
         if self._scratch.shape[2] < longest:  # score rows of a pass's heads, whole cache lines each
             width = -(-max(longest, 2 * self._scratch.shape[2]) // LINE_FLOATS) * LINE_FLOATS
-            self._scratch = np.zeros((numba.config.NUMBA_NUM_THREADS, _attention.HEADS_PER_PASS, width), np.float32)
+            threads = max(numba.config.NUMBA_NUM_THREADS, self.threads)  # numba's, or the GEMV workers' (tid < threads)
+            self._scratch = np.zeros((threads, _attention.HEADS_PER_PASS, width), np.float32)
         return CPUAttentionMetadata(host.positions, host.slots, host.token_seq, host.block_tables, host.seq_lens,
                                     starts, host.n_seqs, host.max_query_len, host.block_size, host.prefill,
                                     kernel_rows=rows, blas_chunks=chunks, kernel_context=longest)
@@ -210,14 +211,19 @@ class CPUBackend(Backend):
                                       keys, float(scale), int(window), float(softcap), out[start:stop])
         if meta.kernel_rows.size:
             small = meta.kernel_rows.size * n_heads * meta.kernel_context * hd < SERIAL_ATTENTION_MAX_MACS
-            kernel = _attention.attention_kernel_serial if small else _attention.attention_kernel
             heads_view = out.view()
             heads_view.shape = (n, n_heads, hd)  # a view, never a copy (raises where out's layout would need one)
-            kernel(q, k_cache, v_cache, k_scale, v_scale, meta.kernel_rows, meta.positions, meta.token_seq,
-                   meta.block_tables, b, float(scale), int(window), float(softcap), self._scratch,
-                   self.buffer("_best", (numba.config.NUMBA_NUM_THREADS, LINE_FLOATS)),
-                   self.buffer("_q_rows", (numba.config.NUMBA_NUM_THREADS, hd)), heads_view,
-                   self.threads)
+            best = self.buffer("_best", (self._scratch.shape[0], LINE_FLOATS))
+            if not small and self.threads > 1 and k_cache.dtype == np.uint16 and q.flags.c_contiguous and \
+                    heads_view.flags.c_contiguous:
+                _attention.attention_on_workers(self._threads, q, k_cache, v_cache, meta.kernel_rows, meta.positions,
+                                                meta.token_seq, meta.block_tables, b, float(scale), int(window),
+                                                float(softcap), self._scratch, best, heads_view, self.threads)
+            else:
+                kernel = _attention.attention_kernel_serial if small else _attention.attention_kernel
+                kernel(q, k_cache, v_cache, k_scale, v_scale, meta.kernel_rows, meta.positions, meta.token_seq,
+                       meta.block_tables, b, float(scale), int(window), float(softcap), self._scratch, best,
+                       self.buffer("_q_rows", (self._scratch.shape[0], hd)), heads_view, self.threads)
         return out
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:

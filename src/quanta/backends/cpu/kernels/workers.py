@@ -1,4 +1,5 @@
-"""Native worker threads for the GEMV: row chunks claimed one at a time, so a descheduled thread stalls nobody.
+"""Native worker threads for the GEMV (and the default mode's decode attention): row chunks (attention tasks)
+claimed one at a time, so a descheduled thread stalls nobody.
 
 Why not numba's ``prange``: an OpenMP region ends at a barrier that every thread of the team must reach, so when
 another process holds a core, each of the ~250 regions of a decode step waits for the thread that shares that
@@ -29,9 +30,11 @@ from numba import njit
 
 from quanta.backends.cpu.kernels.activations import gemv_activations, superblock_activations
 from quanta.backends.cpu.kernels.atomics import (
-    atomic_add, atomic_load, atomic_store, compare_exchange, cycles, f32_array_1d, f32_array_2d, f32_array_3d, futex_wait,
-    futex_wake, i8_array_2d, i32_array_3d, spin_pause, u8_array_2d, yield_cpu,
+    atomic_add, atomic_load, atomic_store, compare_exchange, cycles, f32_array_1d, f32_array_2d, f32_array_3d,
+    f64_array_1d, futex_wait, futex_wake, i8_array_2d, i32_array_1d, i32_array_2d, i32_array_3d, spin_pause,
+    u8_array_2d, u16_array_3d, yield_cpu,
 )  # fmt: skip
+from quanta.backends.cpu.kernels.paged_decode import HEADS_PER_PASS, half_task
 from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
 from quanta.backends.cpu.kernels.rows import SUPERBLOCK_FORMATS, dot_offset, rows_dot, rows_dot_q8
 
@@ -41,7 +44,7 @@ NEXT, DONE = 64, 72  # thread t's at + LINE * t: the next chunk of its range (se
 WINDOW = 128  # jobs between two looks at how the work was shared (a decode step has ~100-250)
 CLAIM_BITS = 20  # chunks per job < 2**20
 SPIN_CYCLES = 300_000  # an idle worker polls ~100 us (TSC at 2-4 GHz) before it sleeps
-GEMV_Q8, GEMV_F32 = 1, 2
+GEMV_Q8, GEMV_F32, ATTEND_F16 = 1, 2, 3
 # job descriptor: kind, chunks, the activations (rows, k, then the addresses of x or its q8 codes, scales, sums,
 # dot starting values; the q8 statistics' groups of rows), Q2_K/Q3_K scratch, threads, and the weights of one
 # input (parts: a Q/K/V or gate/up group shares its activations), each at PART + PART_WORDS * p: format code,
@@ -49,12 +52,39 @@ GEMV_Q8, GEMV_F32 = 1, 2
 KIND, CHUNKS, N, K, X, XD, XSUM, XSTART, GROUPS, BUF, THREADS, PARTS = range(12)
 PART, PART_WORDS, MAX_PARTS = 12, 6, 3
 FMT, W, M, ROW_BYTES, OUT, FIRST = range(6)
-JOB_WORDS = PART + PART_WORDS * MAX_PARTS
+# an attention job (f16 cache, ``attention_f16``) from word PART on: the addresses and sizes of its arrays (q and out
+# (n, heads, hd), the K and V pools (kv heads, slots, hd), the rows, positions and sequences of the tokens, the
+# block tables, the per-thread scratch and maxima), the block size, window, passes, and two float64 words
+(A_Q, A_OUT, A_N, A_HEADS, A_HD, A_K, A_V, A_KV_HEADS, A_SLOTS, A_ROWS, A_N_ROWS, A_POSITIONS, A_TOKEN_SEQ, A_TABLES,
+ A_SEQS, A_TABLE_WIDTH, A_SCRATCH, A_SCRATCH_WIDTH, A_BEST, A_BEST_WIDTH, A_BLOCK_SIZE, A_WINDOW, A_PASSES, A_SCALE,
+ A_SOFTCAP) = range(PART, PART + 25)
+JOB_WORDS = max(PART + PART_WORDS * MAX_PARTS, A_SOFTCAP + 1)
+
+
+@njit(nogil=True)
+def _attend_chunk(job, t, tid):
+    """Task ``t`` of an attention job (``paged_decode.half_task``) on thread ``tid``'s scratch."""
+    n, heads, hd = job[A_N], job[A_HEADS], job[A_HD]
+    pools = (job[A_KV_HEADS], job[A_SLOTS], hd)
+    width, best_width = job[A_SCRATCH_WIDTH], job[A_BEST_WIDTH]
+    scratch = f32_array_2d(job[A_SCRATCH] + 4 * tid * HEADS_PER_PASS * width, (HEADS_PER_PASS, width))
+    best = f32_array_1d(job[A_BEST] + 4 * tid * best_width, best_width)
+    tables = i32_array_2d(job[A_TABLES], (job[A_SEQS], job[A_TABLE_WIDTH]))
+    floats = f64_array_1d(job.ctypes.data, JOB_WORDS)  # (job.view would import numba's arrayobj at start)
+    q, out = f32_array_3d(job[A_Q], (n, heads, hd)), f32_array_3d(job[A_OUT], (n, heads, hd))
+    half_task(t, job[A_PASSES], q, u16_array_3d(job[A_K], pools), u16_array_3d(job[A_V], pools),
+              i32_array_1d(job[A_ROWS], job[A_N_ROWS]), i32_array_1d(job[A_POSITIONS], n),
+              i32_array_1d(job[A_TOKEN_SEQ], n), tables, job[A_BLOCK_SIZE], floats[A_SCALE], job[A_WINDOW],
+              floats[A_SOFTCAP], scratch, best, out)
 
 
 @njit(nogil=True)
 def _run_chunk(job, c, tid, isa):
-    """Chunk ``c`` of the job: of the part it falls in, its share of the part's rows, every activation row."""
+    """Chunk ``c`` of the job: of the part it falls in, its share of the part's rows, every activation row (an
+    attention job: its task ``c``)."""
+    if job[KIND] == ATTEND_F16:
+        _attend_chunk(job, c, tid)
+        return
     p = 0
     while p + 1 < job[PARTS] and c >= job[PART + PART_WORDS * (p + 1) + FIRST]:
         p += 1
@@ -227,6 +257,29 @@ def gemv(isa, ctl, job, fmt, raw2d, x, out, chunks, xsum, buf):
 
 
 @njit(nogil=True, cache=True)
+def attention_f16(isa, ctl, job, q, k_cache, v_cache, rows, positions, token_seq, block_tables, block_size, scale,
+                  window, softcap, scratch, best, out, passes):
+    """``attention.attention_kernel``'s f16 tasks (``paged_decode.half_task``) shared with the workers: q and out
+    C-contiguous (n, heads, hd) float32, the pools (kv heads, slots, hd) uint16, the index arrays int32, ``scratch``
+    (>= threads, ``HEADS_PER_PASS``, w) and ``best`` (>= threads, w') float32. Returns ``_run_job``'s flag."""
+    n, heads, hd = q.shape
+    job[KIND], job[CHUNKS] = ATTEND_F16, rows.size * k_cache.shape[0] * passes
+    job[A_Q], job[A_OUT], job[A_N], job[A_HEADS], job[A_HD] = q.ctypes.data, out.ctypes.data, n, heads, hd
+    job[A_K], job[A_V], job[A_KV_HEADS], job[A_SLOTS] = (k_cache.ctypes.data, v_cache.ctypes.data, k_cache.shape[0],
+                                                          k_cache.shape[1])
+    job[A_ROWS], job[A_N_ROWS], job[A_POSITIONS], job[A_TOKEN_SEQ] = (rows.ctypes.data, rows.size,
+                                                                      positions.ctypes.data, token_seq.ctypes.data)
+    job[A_TABLES], job[A_SEQS], job[A_TABLE_WIDTH] = (block_tables.ctypes.data, block_tables.shape[0],
+                                                      block_tables.shape[1])
+    job[A_SCRATCH], job[A_SCRATCH_WIDTH], job[A_BEST], job[A_BEST_WIDTH] = (scratch.ctypes.data, scratch.shape[2],
+                                                                            best.ctypes.data, best.shape[1])
+    job[A_BLOCK_SIZE], job[A_WINDOW], job[A_PASSES] = block_size, window, passes
+    floats = f64_array_1d(job.ctypes.data, JOB_WORDS)
+    floats[A_SCALE], floats[A_SOFTCAP] = scale, softcap
+    return _run_job(ctl, job, isa)
+
+
+@njit(nogil=True, cache=True)
 def _wake_to_quit(ctl):
     atomic_store(ctl, QUIT, 1)
     atomic_add(ctl, SEQ, 1)
@@ -240,8 +293,9 @@ def _stop(ctl: np.ndarray, threads: list[threading.Thread]) -> None:
 
 
 class WorkerPool:
-    """``threads - 1`` native worker threads that share the caller's GEMVs (``gemv``, ``gemv_q8``), whose
-    int8 kernels are those of ``isa`` (a token of ``isa.py``, the one the caller passes too)."""
+    """``threads - 1`` native worker threads that share the caller's GEMVs (``gemv``, ``gemv_q8``) and decode
+    attention (``attention_f16``), whose int8 kernels are those of ``isa`` (a token of ``isa.py``, the one the caller
+    passes too)."""
 
     def __init__(self, threads: int, isa: np.integer):
         self.threads = threads
