@@ -79,12 +79,20 @@ def _attend_chunk(job, t, tid):
 
 
 @njit(nogil=True)
-def _run_chunk(job, c, tid, isa):
-    """Chunk ``c`` of the job: of the part it falls in, its share of the part's rows, every activation row (an
-    attention job: its task ``c``)."""
-    if job[KIND] == ATTEND_F16:
+def _run_chunk(job, c, tid, isa, gemv, attend):
+    """Chunk ``c`` of the job. ``gemv``, ``attend``: None where the caller's jobs are never of that kind (numba then
+    leaves that kind's code out of the caller's compilation), True otherwise (the workers: every kind)."""
+    if attend is None:
+        _gemv_chunk(job, c, tid, isa)
+    elif gemv is None or job[KIND] == ATTEND_F16:
         _attend_chunk(job, c, tid)
-        return
+    else:
+        _gemv_chunk(job, c, tid, isa)
+
+
+@njit(nogil=True)
+def _gemv_chunk(job, c, tid, isa):
+    """Chunk ``c`` of a GEMV job: of the part it falls in, its share of the part's rows, every activation row."""
     p = 0
     while p + 1 < job[PARTS] and c >= job[PART + PART_WORDS * (p + 1) + FIRST]:
         p += 1
@@ -110,10 +118,10 @@ def _run_chunk(job, c, tid, isa):
 
 
 @njit(nogil=True)
-def _claim_and_run(ctl, job, tid, seq, isa):
+def _claim_and_run(ctl, job, tid, seq, isa, gemv, attend):
     """Run chunks of job ``seq`` until none is left, those of this thread's own range first (a contiguous run of
     rows, claimed on a word only this thread touches while nobody is late), then what is left of the others'.
-    Returns how many this thread ran."""
+    ``gemv``, ``attend``: the kinds of job to compile for (``_run_chunk``). Returns how many this thread ran."""
     ran = 0
     nth = job[THREADS]
     for k in range(nth):
@@ -128,14 +136,14 @@ def _claim_and_run(ctl, job, tid, seq, isa):
             if c >= end:
                 break
             if compare_exchange(ctl, word, cur, cur + 1):
-                _run_chunk(job, c, tid, isa)
+                _run_chunk(job, c, tid, isa, gemv, attend)
                 atomic_add(ctl, DONE + LINE * tid, 1)
                 ran += 1
     return ran
 
 
 @njit(nogil=True)
-def _run_job(ctl, job, isa):
+def _run_job(ctl, job, isa, gemv, attend):
     """Publish the descriptor in ``job``, work on it, wait for the chunks other threads started. Returns True
     every ``WINDOW`` jobs, when the caller may look at how the chunks were shared (``WorkerPool.window_share``)."""
     seq = ctl[SEQ] + 1
@@ -146,7 +154,7 @@ def _run_job(ctl, job, isa):
     atomic_store(ctl, SEQ, seq)
     if atomic_load(ctl, SLEEPERS) > 0:
         futex_wake(ctl, SEQ)
-    ran = _claim_and_run(ctl, job, 0, seq, isa)
+    ran = _claim_and_run(ctl, job, 0, seq, isa, gemv, attend)
     spins = 0
     while True:  # a started chunk's thread may share our core: let it run
         done = 0
@@ -175,7 +183,7 @@ def worker_loop(ctl, job, tid, spin_cycles, isa):
         seq = atomic_load(ctl, SEQ)
         if seq != seen:
             seen = seq
-            _claim_and_run(ctl, job, tid, seq, isa)
+            _claim_and_run(ctl, job, tid, seq, isa, True, True)
             idle_since = cycles()
         elif cycles() - idle_since < spin_cycles:  # poll, but give the core to any thread that wants it (ours
             yield_cpu()  # or another process's): a spinning worker must never slow the caller down
@@ -218,7 +226,7 @@ def gemv_q8(isa, ctl, job, fmt, raw2d, x, out, chunks, xq, xd, xsum, xstart):
     _q8_activations(isa, fmt, x, xq, xd, xsum, xstart)
     _describe(job, GEMV_Q8, chunks, xq, xd, xsum, xstart, xd.shape[0], xstart, 1)
     _describe_part(job, 0, fmt, raw2d, out, 0)
-    return _run_job(ctl, job, isa)
+    return _run_job(ctl, job, isa, True, None)
 
 
 @njit(nogil=True, cache=True)
@@ -238,7 +246,7 @@ def gemv_q8_group(isa, ctl, job, fmts, raws, x, outs, chunks, xq, xd, xsum, xsta
         seen += raws[p].size
         first = max(first + 1, min(chunks - (parts - 1 - p), (chunks * seen + total // 2) // total))
     _describe(job, GEMV_Q8, chunks, xq, xd, xsum, xstart, xd.shape[0], xstart, parts)
-    return _run_job(ctl, job, isa)
+    return _run_job(ctl, job, isa, True, None)
 
 
 @njit(nogil=True, cache=True)
@@ -253,7 +261,7 @@ def gemv(isa, ctl, job, fmt, raw2d, x, out, chunks, xsum, buf):
             xsum[t, i] = s
     _describe(job, GEMV_F32, chunks, x, xsum, xsum, xsum, 0, buf, 1)
     _describe_part(job, 0, fmt, raw2d, out, 0)
-    return _run_job(ctl, job, isa)
+    return _run_job(ctl, job, isa, True, None)
 
 
 @njit(nogil=True, cache=True)
@@ -276,7 +284,7 @@ def attention_f16(isa, ctl, job, q, k_cache, v_cache, rows, positions, token_seq
     job[A_BLOCK_SIZE], job[A_WINDOW], job[A_PASSES] = block_size, window, passes
     floats = f64_array_1d(job.ctypes.data, JOB_WORDS)
     floats[A_SCALE], floats[A_SOFTCAP] = scale, softcap
-    return _run_job(ctl, job, isa)
+    return _run_job(ctl, job, isa, None, True)
 
 
 @njit(nogil=True, cache=True)
