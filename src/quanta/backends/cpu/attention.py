@@ -27,6 +27,7 @@ thread count only, so a token's output does not depend on the other sequences of
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numba
@@ -218,47 +219,84 @@ def sequence_slots(table: np.ndarray, block_size: int, n_keys: int) -> np.ndarra
 
 def attention_blas(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
                    v_scale: np.ndarray | None, positions: np.ndarray, keys: np.ndarray | slice, scale: float,
-                   window: int, softcap: float, out: np.ndarray) -> None:
+                   window: int, softcap: float, out: np.ndarray, threads: Any = None) -> None:
     """The same attention for many queries of one sequence (a prefill chunk; q, positions and out are that
     sequence's rows): per kv head, scores = Q·Kᵀ and P·V through BLAS sgemm over its keys (``keys``: the pool slots
     of positions 0.. of the sequence), with the causal / sliding-window mask applied to the score matrix; queries
-    go ``QUERY_TILE`` at a time, so the scores take O(tile x context) memory, not O(chunk x context)."""
+    go ``QUERY_TILE`` at a time, so the scores take O(tile x context) memory, not O(chunk x context). The (kv head,
+    tile) pieces are shared out over ``threads`` (a ``qmatmul.CPUThreads``; numpy lets the GIL go in each sgemm
+    and ufunc); a piece's arithmetic does not depend on which thread runs it."""
     n, n_heads, hd = q.shape
-    group = n_heads // k_cache.shape[0]
     n_keys = int(positions.max()) + 1
     lo = max(0, int(positions.min()) - window + 1) if window > 0 else 0  # keys no query of the chunk sees
     if isinstance(keys, slice):
         keys = slice(keys.start + lo, keys.start + n_keys)
     else:
         keys = keys[lo:n_keys]
-    key_pos = np.arange(lo, n_keys, dtype=np.int32)
-    o = out.reshape(n, n_heads, hd)
-    for h in range(k_cache.shape[0]):
-        kh, vh = k_cache[h, keys], v_cache[h, keys]
+    pieces = [(h, a) for h in range(k_cache.shape[0]) for a in range(0, n, QUERY_TILE)]
+    task = _BlasTask(q, k_cache, v_cache, k_scale, v_scale, positions, keys, lo, np.arange(lo, n_keys, dtype=np.int32),
+                     scale, window, softcap, out.reshape(n, n_heads, hd), pieces)
+    if threads is None or len(pieces) == 1:
+        task(0, len(pieces))
+    else:
+        threads.run_parts(task, [(i, i + 1) for i in range(len(pieces))])
+
+
+@dataclass(frozen=True)
+class _BlasTask:
+    """``attention_blas``'s pieces ``i`` to ``j`` (a (kv head, first query) pair each), called by any thread."""
+
+    q: np.ndarray
+    k_cache: np.ndarray
+    v_cache: np.ndarray
+    k_scale: np.ndarray | None
+    v_scale: np.ndarray | None
+    positions: np.ndarray
+    keys: np.ndarray | slice
+    lo: int
+    key_pos: np.ndarray
+    scale: float
+    window: int
+    softcap: float
+    o: np.ndarray
+    pieces: list[tuple[int, int]]
+
+    def __call__(self, i: int, j: int) -> None:
+        for h, a in self.pieces[i:j]:
+            self._piece(h, a, min(self.q.shape[0], a + QUERY_TILE))
+
+    def _piece(self, h: int, a: int, b: int) -> None:
+        hd, group = self.q.shape[2], self.q.shape[1] // self.k_cache.shape[0]
+        pos, key_pos = self.positions[a:b], self.key_pos
+        seen = int(pos.max()) + 1 - self.lo  # causal: the tile's keys end at its last query
+        kh, vh = self._keys_and_values(h, seen)
+        allowed = key_pos[None, :seen] <= pos[:, None]
+        if self.window > 0:
+            allowed &= key_pos[None, :seen] > pos[:, None] - self.window
+        qh = self.q[a:b, h * group:(h + 1) * group].reshape((b - a) * group, hd)
+        s = qh @ kh.T
+        s *= np.float32(self.scale)
+        if self.softcap > 0:
+            np.tanh(s / np.float32(self.softcap), out=s)
+            s *= np.float32(self.softcap)
+        s[np.repeat(~allowed, group, axis=0)] = -np.inf  # rows: (token, head in group)
+        s -= s.max(axis=1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=1, keepdims=True)
+        self.o[a:b, h * group:(h + 1) * group] = (s @ vh).reshape(b - a, group, hd)
+
+    def _keys_and_values(self, h: int, seen: int) -> tuple[np.ndarray, np.ndarray]:
+        """Kv head ``h``'s first ``seen`` keys and values as float32 (n, hd)."""
+        keys = self.keys
+        keys = slice(keys.start, keys.start + seen) if isinstance(keys, slice) else keys[:seen]
+        kh, vh = self.k_cache[h, keys], self.v_cache[h, keys]
         if kh.dtype == np.uint16:  # f16 bits
-            kh, vh = kh.view(np.float16).astype(np.float32), vh.view(np.float16).astype(np.float32)
-        if k_scale is not None:  # rotated int8 codes: dequantized and rotated back once per chunk and head
-            rot = hadamard_matrix(hd)
-            groups = k_scale.shape[2]
-            kh = ((kh.reshape(-1, groups, hd // groups) * k_scale[h, keys][:, :, None]).reshape(-1, hd)
-                  .astype(np.float32) @ rot)
-            vh = ((vh.reshape(-1, groups, hd // groups) * v_scale[h, keys][:, :, None]).reshape(-1, hd)
-                  .astype(np.float32) @ rot)
-        for a in range(0, n, QUERY_TILE):
-            b = min(n, a + QUERY_TILE)
-            pos = positions[a:b]
-            seen = int(pos.max()) + 1 - lo  # causal: the tile's keys end at its last query
-            allowed = key_pos[None, :seen] <= pos[:, None]
-            if window > 0:
-                allowed &= key_pos[None, :seen] > pos[:, None] - window
-            qh = q[a:b, h * group:(h + 1) * group].reshape((b - a) * group, hd)
-            s = qh @ kh[:seen].T
-            s *= np.float32(scale)
-            if softcap > 0:
-                np.tanh(s / np.float32(softcap), out=s)
-                s *= np.float32(softcap)
-            s[np.repeat(~allowed, group, axis=0)] = -np.inf  # rows: (token, head in group)
-            s -= s.max(axis=1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=1, keepdims=True)
-            o[a:b, h * group:(h + 1) * group] = (s @ vh[:seen]).reshape(b - a, group, hd)
+            return kh.view(np.float16).astype(np.float32), vh.view(np.float16).astype(np.float32)
+        if self.k_scale is not None:  # rotated int8 codes: dequantized and rotated back
+            rot = hadamard_matrix(kh.shape[1])
+            groups = self.k_scale.shape[2]
+            kh = ((kh.reshape(-1, groups, kh.shape[1] // groups) * self.k_scale[h, keys][:, :, None])
+                  .reshape(-1, kh.shape[1]).astype(np.float32) @ rot)
+            vh = ((vh.reshape(-1, groups, vh.shape[1] // groups) * self.v_scale[h, keys][:, :, None])
+                  .reshape(-1, vh.shape[1]).astype(np.float32) @ rot)
+        return kh, vh

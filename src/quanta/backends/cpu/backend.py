@@ -208,7 +208,7 @@ class CPUBackend(Backend):
         for start, stop, j in meta.blas_chunks:
             keys = _attention.sequence_slots(meta.block_tables[j], b, int(meta.seq_lens[j]))
             _attention.attention_blas(q[start:stop], k_cache, v_cache, k_scale, v_scale, meta.positions[start:stop],
-                                      keys, float(scale), int(window), float(softcap), out[start:stop])
+                                      keys, float(scale), int(window), float(softcap), out[start:stop], self._threads)
         if meta.kernel_rows.size:
             small = meta.kernel_rows.size * n_heads * meta.kernel_context * hd < SERIAL_ATTENTION_MAX_MACS
             heads_view = out.view()
