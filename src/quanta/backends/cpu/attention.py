@@ -17,9 +17,10 @@ Few queries of a sequence (decode): a numba kernel where each (token, head) pair
 per-thread scratch row, a float32 softmax (exp 16 lanes at a time) and the weighted sum of V, reading keys through
 the block table: with the default f16 cache a paged block's run of slots at a time for up to four query heads of
 one KV head together (``key_runs``: a few keys per step, each key and value loaded and converted once for those
-heads, the output held in registers; the next block's keys asked for ahead), a key at a time for the float32 and
-int8 caches. Many (a prefill chunk): the same formula with BLAS over each kv head's score matrix, on the sequence's
-keys gathered once per layer (a view when its blocks are consecutive). Both are the textbook formula of HF's eager
+heads, the output held in registers; the next block's keys asked for ahead; its tasks run on the GEMV's worker
+threads, ``kernels/paged_decode.py``), a key at a time for the float32 and int8 caches. Many (a prefill chunk): the
+same formula with BLAS over each kv head's score matrix, on the sequence's keys (a view when its blocks are
+consecutive), a (kv head, query tile) piece per thread at a time. Both are the textbook formula of HF's eager
 attention; tests compare them with a naive numpy version. Which heads share a pass depends on the model and the
 thread count only, so a token's output does not depend on the other sequences of its batch.
 """

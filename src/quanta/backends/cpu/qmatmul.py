@@ -98,8 +98,9 @@ class CPUThreads:
         self.contended = False
 
     def adapt(self) -> None:
-        """Run the other numba kernels (OpenMP regions: attention, norms) on the calling thread alone while the
-        GEMV workers get much less than their share of the work, i.e. while another process holds their cores.
+        """Run the other numba kernels (OpenMP regions: exact mode's and the int8 cache's attention, large norms and
+        activations) on the calling thread alone while the GEMV workers get much less than their share of the work,
+        i.e. while another process holds their cores.
 
         An OpenMP region waits for every thread of its team, so under contention each would stall for a time
         slice; the GEMVs need no such switch (their chunks go to whoever runs). Hysteresis: below half of the

@@ -33,7 +33,7 @@ def half_passes(n_heads: int, n_kv: int, min_tasks: int) -> int:
 
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def attend_runs(q: np.ndarray, keys: np.ndarray, values: np.ndarray, table: np.ndarray, block_size: int, lo: int,
-                 p: int, scale: float, softcap: float, s: np.ndarray, best: np.ndarray, o: np.ndarray) -> None:
+                p: int, scale: float, softcap: float, s: np.ndarray, best: np.ndarray, o: np.ndarray) -> None:
     """The attention of query heads ``q`` (G, hd) of one KV head (``keys``, ``values``: its (slots, hd) f16 pool
     rows) over positions lo..p into ``o`` (G, hd): a paged block's run of slots at a time (``key_runs``: each key
     and value read once for the G heads); ``s`` (>= G rows of >= p + 1 - lo), ``best``: score and maximum scratch."""
