@@ -28,7 +28,6 @@ thread count only, so a token's output does not depend on the other sequences of
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numba
@@ -195,7 +194,7 @@ def attention_on_workers(threads: Any, q: np.ndarray, k_cache: np.ndarray, v_cac
     with threads.gemv_lock:
         window_ended = _workers.attention_f16(threads.token, pool.ctl, pool.job, q, k_cache, v_cache, rows, positions,
                                               token_seq, block_tables, block_size, scale, window, softcap, scratch,
-                                              best, out, half_passes(q.shape[1], k_cache.shape[0], min_tasks))
+                                              best, out, min_tasks)
     if window_ended and threads.n > 1:
         threads.adapt()
 
@@ -235,69 +234,56 @@ def attention_blas(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_sc
     else:
         keys = keys[lo:n_keys]
     pieces = [(h, a) for h in range(k_cache.shape[0]) for a in range(0, n, QUERY_TILE)]
-    task = _BlasTask(q, k_cache, v_cache, k_scale, v_scale, positions, keys, lo, np.arange(lo, n_keys, dtype=np.int32),
-                     scale, window, softcap, out.reshape(n, n_heads, hd), pieces)
+    key_pos, o = np.arange(lo, n_keys, dtype=np.int32), out.reshape(n, n_heads, hd)
+
+    def run(i: int, j: int) -> None:
+        for h, a in pieces[i:j]:
+            _blas_piece(q, k_cache, v_cache, k_scale, v_scale, positions, keys, key_pos, scale, window, softcap, o, h,
+                        a, min(n, a + QUERY_TILE))
+
     if threads is None or len(pieces) == 1:
-        task(0, len(pieces))
+        run(0, len(pieces))
     else:
-        threads.run_parts(task, [(i, i + 1) for i in range(len(pieces))])
+        threads.run_parts(run, [(i, i + 1) for i in range(len(pieces))])
 
 
-@dataclass(frozen=True)
-class _BlasTask:
-    """``attention_blas``'s pieces ``i`` to ``j`` (a (kv head, first query) pair each), called by any thread."""
+def _blas_piece(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
+                v_scale: np.ndarray | None, positions: np.ndarray, keys: np.ndarray | slice, key_pos: np.ndarray,
+                scale: float, window: int, softcap: float, o: np.ndarray, h: int, a: int, b: int) -> None:
+    """``attention_blas`` of queries a..b-1 and kv head ``h`` (``keys``, ``key_pos``: the slots and positions of the
+    keys the chunk sees)."""
+    hd, group = q.shape[2], q.shape[1] // k_cache.shape[0]
+    pos = positions[a:b]
+    seen = int(pos.max()) + 1 - int(key_pos[0])  # causal: the tile's keys end at its last query
+    kh, vh = _keys_and_values(k_cache, v_cache, k_scale, v_scale, h, keys, seen)
+    allowed = key_pos[None, :seen] <= pos[:, None]
+    if window > 0:
+        allowed &= key_pos[None, :seen] > pos[:, None] - window
+    qh = q[a:b, h * group:(h + 1) * group].reshape((b - a) * group, hd)
+    s = qh @ kh.T
+    s *= np.float32(scale)
+    if softcap > 0:
+        np.tanh(s / np.float32(softcap), out=s)
+        s *= np.float32(softcap)
+    s[np.repeat(~allowed, group, axis=0)] = -np.inf  # rows: (token, head in group)
+    s -= s.max(axis=1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=1, keepdims=True)
+    o[a:b, h * group:(h + 1) * group] = (s @ vh).reshape(b - a, group, hd)
 
-    q: np.ndarray
-    k_cache: np.ndarray
-    v_cache: np.ndarray
-    k_scale: np.ndarray | None
-    v_scale: np.ndarray | None
-    positions: np.ndarray
-    keys: np.ndarray | slice
-    lo: int
-    key_pos: np.ndarray
-    scale: float
-    window: int
-    softcap: float
-    o: np.ndarray
-    pieces: list[tuple[int, int]]
 
-    def __call__(self, i: int, j: int) -> None:
-        for h, a in self.pieces[i:j]:
-            self._piece(h, a, min(self.q.shape[0], a + QUERY_TILE))
-
-    def _piece(self, h: int, a: int, b: int) -> None:
-        hd, group = self.q.shape[2], self.q.shape[1] // self.k_cache.shape[0]
-        pos, key_pos = self.positions[a:b], self.key_pos
-        seen = int(pos.max()) + 1 - self.lo  # causal: the tile's keys end at its last query
-        kh, vh = self._keys_and_values(h, seen)
-        allowed = key_pos[None, :seen] <= pos[:, None]
-        if self.window > 0:
-            allowed &= key_pos[None, :seen] > pos[:, None] - self.window
-        qh = self.q[a:b, h * group:(h + 1) * group].reshape((b - a) * group, hd)
-        s = qh @ kh.T
-        s *= np.float32(self.scale)
-        if self.softcap > 0:
-            np.tanh(s / np.float32(self.softcap), out=s)
-            s *= np.float32(self.softcap)
-        s[np.repeat(~allowed, group, axis=0)] = -np.inf  # rows: (token, head in group)
-        s -= s.max(axis=1, keepdims=True)
-        np.exp(s, out=s)
-        s /= s.sum(axis=1, keepdims=True)
-        self.o[a:b, h * group:(h + 1) * group] = (s @ vh).reshape(b - a, group, hd)
-
-    def _keys_and_values(self, h: int, seen: int) -> tuple[np.ndarray, np.ndarray]:
-        """Kv head ``h``'s first ``seen`` keys and values as float32 (n, hd)."""
-        keys = self.keys
-        keys = slice(keys.start, keys.start + seen) if isinstance(keys, slice) else keys[:seen]
-        kh, vh = self.k_cache[h, keys], self.v_cache[h, keys]
-        if kh.dtype == np.uint16:  # f16 bits
-            return kh.view(np.float16).astype(np.float32), vh.view(np.float16).astype(np.float32)
-        if self.k_scale is not None:  # rotated int8 codes: dequantized and rotated back
-            rot = hadamard_matrix(kh.shape[1])
-            groups = self.k_scale.shape[2]
-            kh = ((kh.reshape(-1, groups, kh.shape[1] // groups) * self.k_scale[h, keys][:, :, None])
-                  .reshape(-1, kh.shape[1]).astype(np.float32) @ rot)
-            vh = ((vh.reshape(-1, groups, vh.shape[1] // groups) * self.v_scale[h, keys][:, :, None])
-                  .reshape(-1, vh.shape[1]).astype(np.float32) @ rot)
-        return kh, vh
+def _keys_and_values(k_cache: np.ndarray, v_cache: np.ndarray, k_scale: np.ndarray | None,
+                     v_scale: np.ndarray | None, h: int, keys: np.ndarray | slice,
+                     seen: int) -> tuple[np.ndarray, np.ndarray]:
+    """Kv head ``h``'s first ``seen`` keys and values of ``keys`` as float32 (seen, hd)."""
+    keys = slice(keys.start, keys.start + seen) if isinstance(keys, slice) else keys[:seen]
+    kh, vh = k_cache[h, keys], v_cache[h, keys]
+    if kh.dtype == np.uint16:  # f16 bits
+        return kh.view(np.float16).astype(np.float32), vh.view(np.float16).astype(np.float32)
+    if k_scale is not None:  # rotated int8 codes: dequantized and rotated back
+        hd, groups = kh.shape[1], k_scale.shape[2]
+        rot = hadamard_matrix(hd)
+        kh = (kh.reshape(-1, groups, hd // groups) * k_scale[h, keys][:, :, None]).reshape(-1, hd).astype(np.float32)
+        vh = (vh.reshape(-1, groups, hd // groups) * v_scale[h, keys][:, :, None]).reshape(-1, hd).astype(np.float32)
+        return kh @ rot, vh @ rot
+    return kh, vh

@@ -34,7 +34,7 @@ from quanta.backends.cpu.kernels.atomics import (
     f64_array_1d, futex_wait, futex_wake, i8_array_2d, i32_array_1d, i32_array_2d, i32_array_3d, spin_pause,
     u8_array_2d, u16_array_3d, yield_cpu,
 )  # fmt: skip
-from quanta.backends.cpu.kernels.paged_decode import HEADS_PER_PASS, half_task
+from quanta.backends.cpu.kernels.paged_decode import HEADS_PER_PASS, half_passes, half_task
 from quanta.backends.cpu.kernels.q8_rows import ROWS_PER_PASS
 from quanta.backends.cpu.kernels.rows import SUPERBLOCK_FORMATS, dot_offset, rows_dot, rows_dot_q8
 
@@ -266,11 +266,13 @@ def gemv(isa, ctl, job, fmt, raw2d, x, out, chunks, xsum, buf):
 
 @njit(nogil=True, cache=True)
 def attention_f16(isa, ctl, job, q, k_cache, v_cache, rows, positions, token_seq, block_tables, block_size, scale,
-                  window, softcap, scratch, best, out, passes):
+                  window, softcap, scratch, best, out, min_tasks):
     """``attention.attention_kernel``'s f16 tasks (``paged_decode.half_task``) shared with the workers: q and out
     C-contiguous (n, heads, hd) float32, the pools (kv heads, slots, hd) uint16, the index arrays int32, ``scratch``
-    (>= threads, ``HEADS_PER_PASS``, w) and ``best`` (>= threads, w') float32. Returns ``_run_job``'s flag."""
+    (>= threads, ``HEADS_PER_PASS``, w) and ``best`` (>= threads, w') float32, ``min_tasks`` as ``attention_kernel``'s.
+    Returns ``_run_job``'s flag."""
     n, heads, hd = q.shape
+    passes = half_passes(heads, k_cache.shape[0], min_tasks)
     job[KIND], job[CHUNKS] = ATTEND_F16, rows.size * k_cache.shape[0] * passes
     job[A_Q], job[A_OUT], job[A_N], job[A_HEADS], job[A_HD] = q.ctypes.data, out.ctypes.data, n, heads, hd
     job[A_K], job[A_V], job[A_KV_HEADS], job[A_SLOTS] = (k_cache.ctypes.data, v_cache.ctypes.data, k_cache.shape[0],
