@@ -211,8 +211,8 @@ class CPUBackend(Backend):
                                       keys, float(scale), int(window), float(softcap), out[start:stop], self._threads)
         if meta.kernel_rows.size:
             small = meta.kernel_rows.size * n_heads * meta.kernel_context * hd < SERIAL_ATTENTION_MAX_MACS
-            heads_view = out.view()
-            heads_view.shape = (n, n_heads, hd)  # a view, never a copy (raises where out's layout would need one)
+            heads_view = out.reshape(n, n_heads, hd)
+            assert np.may_share_memory(heads_view, out), "the kernels write out through a view, never a copy"
             best = self.buffer("_best", (self._scratch.shape[0], LINE_FLOATS))
             if not small and self.threads > 1 and k_cache.dtype == np.uint16 and q.flags.c_contiguous and \
                     heads_view.flags.c_contiguous:
