@@ -115,3 +115,22 @@ def test_bias_and_residual_into_the_output(m: int, device: str) -> None:
     want = x @ ref_w.T + b + res
     assert np.linalg.norm(out.cpu().numpy() - want) / np.linalg.norm(want) < 1e-5
 
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0", "F16"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_gemv_grid_in_either_order(type_name: str, exact: bool, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GEMV of several rows launched tiles outermost (the order of weights past TILE_MAJOR_BYTES) gives, bit for
+    bit, what rows outermost gives, and both the dequantized reference."""
+    from quanta.backends.cuda import q8gemv, qmatmul as qm
+
+    n, k, m = 18, 768, 3
+    w, ref_w = _weight(type_name, n, k, device)
+    x = torch.from_numpy(np.random.default_rng(7).standard_normal((m, k)).astype(np.float32)).to(device)
+    xq = None if exact or type_name == "F16" else q8gemv.quantize(x)
+    rows_outer = qmatmul(x, w, exact=exact, xq=xq)
+    monkeypatch.setattr(qm, "TILE_MAJOR_BYTES", 0)
+    assert qm.gemv_grid(w, 2, m)[1]["TILE_MAJOR"]
+    assert torch.equal(qmatmul(x, w, exact=exact, xq=xq), rows_outer)
+    want = x.cpu().numpy().astype(np.float64) @ ref_w.T
+    assert np.linalg.norm(rows_outer.cpu().numpy() - want) / np.linalg.norm(want) < (1e-5 if xq is None else 0.03)

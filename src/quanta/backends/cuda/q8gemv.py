@@ -31,7 +31,8 @@ import triton.language as tl
 
 from quanta.backends.cuda import pdl
 from quanta.backends.cuda.codes import high_fields
-from quanta.backends.cuda.qmatmul import _gemv_epilogue, _gemv_program, _gemv_tile, _planes, gemv_launch, tile_key
+from quanta.backends.cuda.qmatmul import (_gemv_epilogue, _gemv_program, _gemv_tile, _planes, gemv_grid, gemv_launch,
+                                          tile_key)
 from quanta.backends.cuda.repack import PackedWeight
 
 # tiles per (code width, class) as in qmatmul.GEMV_CONFIG, chosen on the H200 by scripts/gpu_tune.py q8 (GPU journal,
@@ -235,13 +236,13 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_p
                     HAS_SC: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MN: tl.constexpr, HAS_RES: tl.constexpr,
                     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr, NEOX: tl.constexpr,
                     BN: tl.constexpr, BJ: tl.constexpr, MASKED: tl.constexpr, EMULATE: tl.constexpr,
-                    PRE2: tl.constexpr, PDL: tl.constexpr):
+                    PRE2: tl.constexpr, PDL: tl.constexpr, TILE_MAJOR: tl.constexpr):
     """One program: BN output features of one activation row (the float GEMV's tiling: [BN, BJ, 4] code words,
     the first K step (PRE2: the first two) loaded before waiting for the kernel that writes x; its output side,
     with ROPE too)."""
     UPC: tl.constexpr = BITS // 4
     m, rows, rmask, jj, NU, NG, NSB = _gemv_program(M, N, K, N2, ROW0, HD, HALF, UPC, G, SB, ROPE, NEOX, BN, BJ,
-                                                    PDL)
+                                                    PDL, TILE_MAJOR)
     xq_row = xq_ptr + m * (K // 4)
     xd_row = xd_ptr + m * (K // 32)
     qrow = q_ptr + rows[:, None, None] * QW
@@ -276,7 +277,8 @@ def gemv_q8(xq: Q8Activation, w: PackedWeight, ep: Any, pdl_on: bool = False) ->
     cfg = Q8_CONFIG[tile_key(w)]
     pre2 = cfg.get("PRE", 1) == 2 and w.k // 32 * (kw["BITS"] // 4) > kw["BJ"]  # "PRE": K steps before the wait
     words, qh, *scales = _planes(w, words=True)
-    _gemv_q8_kernel[(triton.cdiv(w.n, bn) * m,)](
+    grid, order = gemv_grid(w, bn, m)
+    _gemv_q8_kernel[grid](
         xq.q.view(torch.int32), xq.d, words, qh, *scales, *ep.args(), m, w.n, *ep.bounds, k, words.stride(0),
         qh.stride(0), ep.out.stride(0), *ep.gemv_args(), EMULATE=xq.q.device.type != "cuda", PRE2=pre2,
-        **ep.gemv_flags(), **kw)
+        **ep.gemv_flags(), **order, **kw)
