@@ -29,6 +29,34 @@ assert np.allclose(out, ref, rtol=1e-5, atol=1e-6), np.abs(out - ref).max()
 print(sum(ops._RMS[0].stats.cache_hits.values()), "numba.np.linalg" in sys.modules)
 """
 
+# A cached kernel loaded without its module for linking, then a new compilation that links (inlines) it.
+LINKED = """
+import numba
+import numpy as np
+import quanta.backends.cpu.backend
+from quanta.backends.cpu import ops
+
+x = np.random.default_rng(1).standard_normal((3, 96)).astype(np.float32)
+w = np.linspace(0.5, 1.5, 96, dtype=np.float32)
+out, twice = np.empty_like(x), np.empty_like(x)
+ops.rms_norm_rows(x, w, np.float32(1e-6), out, exact=False)
+library = next(iter(ops._RMS_FAST.overloads.values())).library
+freed = library._shared_module is None
+
+
+@numba.njit
+def norm_twice(x, w, eps, out):
+    ops._RMS_FAST(x, w, eps, out)
+    ops._RMS_FAST(out, w, eps, out)
+
+
+norm_twice(x, w, np.float32(1e-6), twice)
+ref = np.empty_like(x)
+ops.rms_norm_rows(out, w, np.float32(1e-6), ref, exact=False)
+assert np.array_equal(twice, ref)
+print(sum(ops._RMS_FAST.stats.cache_hits.values()), freed)
+"""
+
 # A prefill (8 tokens: the GEMM kernels) and decode steps (the GEMV kernels) of a real model.
 GENERATE = """
 import sys
@@ -52,6 +80,14 @@ def test_a_cached_kernel_loads_without_numbas_registries_and_computes_right():
     hits, registries_loaded = _fresh_run(ONE_KERNEL).split()
     assert hits == "1"  # loaded from the disk cache...
     assert registries_loaded == "False"  # ...without importing numba's typing/lowering registries (linalg, ...)
+
+
+def test_a_cached_kernel_keeps_no_llvm_module_and_still_links_into_a_new_compilation():
+    """The loader frees a cached kernel's parsed IR (megabytes per GEMV kernel, kept by numba only for linking);
+    a later compilation calling the kernel parses its bitcode again and computes the same."""
+    _fresh_run(LINKED)  # fills the disk cache when it is cold
+    hits, freed = _fresh_run(LINKED).split()
+    assert hits == "1" and freed == "True"
 
 
 @pytest.mark.skipif(not host_isas(), reason="the fp32 fallback kernels still allocate inside numba")
