@@ -150,7 +150,9 @@ def test_an_interrupted_quantize_leaves_no_partial_file(smollm2_path, tmp_path):
     partial = tmp_path / "q8.gguf.part"
     for _ in range(3):  # (on a loaded machine the 2-second quantize can finish before the interrupt lands: again)
         out.unlink(missing_ok=True)
-        proc = _quantize_process(smollm2_path, out)
+        # Ctrl-C's default action in the child even where the suite runs in the background (a shell starts
+        # background jobs with SIGINT ignored, and an ignored signal stays ignored across exec)
+        proc = _quantize_process(smollm2_path, out, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         while not (partial.exists() and partial.stat().st_size > 0) and proc.poll() is None:
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)  # Ctrl-C while the file is being written

@@ -1,5 +1,5 @@
 """Load the CPU kernels from numba's disk cache without first loading numba's whole compiler (saves ~0.1 s of
-cold start) and without keeping their LLVM IR in memory (~40 MB of SmolLM2's resident memory), and keep two builds
+cold start) and without keeping their LLVM IR in memory (~30 MB of SmolLM2's peak RSS), and keep two builds
 of one kernel apart in that cache (``renamed``).
 
 Before it looks at the disk cache, numba's ``Cache.load_overload`` calls ``target_context.refresh()``, which
@@ -12,7 +12,7 @@ behaviour.
 A kernel loaded from the cache also parses the LLVM bitcode stored beside its machine code and keeps that module
 for as long as the process lives, only so that a later compilation calling it could inline it: megabytes of IR per
 GEMV kernel. The loader frees that module as soon as it is loaded and keeps the bitcode, parsed again only if a
-compilation ever links the kernel (SmolLM2's peak RSS 284 -> 255 MB; freeing costs ~35 ms of the cold start).
+compilation ever links the kernel (SmolLM2's peak RSS 284 -> 257 MB; freeing costs 40-55 ms of the cold start).
 """
 
 from __future__ import annotations
