@@ -241,7 +241,7 @@ def attention_blas(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, k_sc
             _blas_piece(q, k_cache, v_cache, k_scale, v_scale, positions, keys, key_pos, scale, window, softcap, o, h,
                         a, min(n, a + QUERY_TILE))
 
-    if threads is None or len(pieces) == 1:
+    if threads is None:
         run(0, len(pieces))
     else:
         threads.run_parts(run, [(i, i + 1) for i in range(len(pieces))])
