@@ -39,12 +39,6 @@ def _dequantized_x(xq: q8.Q8Activation) -> np.ndarray:
             * xq.d.cpu().numpy().astype(np.float64)[..., None]).reshape(m, k)
 
 
-def _same_copy(got: q8.Q8Activation, want: q8.Q8Activation) -> bool:
-    """The same codes, scales and code sums, bit for bit (a sums word may read as a float NaN)."""
-    return torch.equal(got.q, want.q) and torch.equal(got.scales_and_sums.view(torch.int32),
-                                                       want.scales_and_sums.view(torch.int32))
-
-
 def test_quantize_matches_numpy(device: str) -> None:
     x = np.random.default_rng(0).standard_normal((3, 320)).astype(np.float32)
     x[1, 32:64] = 0.0  # an all-zero chunk: scale 0, codes 0
@@ -54,9 +48,6 @@ def test_quantize_matches_numpy(device: str) -> None:
     got_q = _unpermute(xq.q).astype(np.int32)
     assert np.abs(got_q - want_q).max() <= 1  # float32 vs float64 rounding at exact halves
     assert (got_q == want_q).mean() > 0.99
-    # beside each scale, the sums of the chunk's codes 0-15 and 16-31 (the codes are checked above)
-    np.testing.assert_array_equal(xq.sums.cpu().numpy(), got_q.reshape(3, 10, 2, 16).sum(axis=3))
-    assert np.abs(xq.sums.cpu().numpy()).max() > 127  # the int16 halves carry sums past a byte, of either sign
 
 
 @pytest.mark.parametrize("type_name", QUANTIZED)
@@ -110,13 +101,13 @@ def test_producers_write_int8_copies(device: str) -> None:
     got = q8.Q8Activation.empty(2, 576, x.device)
     y = norm.rms_norm(x, w, 1e-6, q8=got)
     want = q8.quantize(y)
-    assert _same_copy(got, want)
+    assert torch.equal(got.q, want.q) and torch.equal(got.d, want.d)
     g, u = (torch.from_numpy(rng.standard_normal((1, 1536)).astype(np.float32)).to(device) for _ in range(2))
     for fn in (activation.silu_mul, activation.gelu_mul):
         got = q8.Q8Activation.empty(1, 1536, x.device)
         y = fn(g, u, q8=got)
         want = q8.quantize(y)
-        assert _same_copy(got, want)
+        assert torch.equal(got.q, want.q) and torch.equal(got.d, want.d)
 
 
 def test_backend_int8_copies_follow_the_float_values(device: str) -> None:

@@ -15,7 +15,6 @@ Groups of 16 (Q6_K, Q3_K, Q2_K) are bytes 0–1 / 2–3 of every word: the x wor
 
     y[r] = sum_g  dx * (d*sc * (sum_g q·xq - QOFF sum_g xq) - dmin*mn * sum_g xq)
 
-For 4-bit codes ``sum_g xq`` is read, not computed: the producers store each chunk's two 16-sums beside its scale.
 Producers (rms_norm, the gated activations) write the int8 copy with ``store_q8`` next to their float output.
 Under the Triton interpreter (CI) ``dp4a`` is emulated with shifts; tested against the float64 matmul of gguf-py's
 dequantization and a numpy quantization of x (tests/backends/cuda/test_q8gemv.py).
@@ -64,30 +63,15 @@ Q8_CONFIG = {
 
 @dataclass
 class Q8Activation:
-    """int8 activations ``q`` (m, k) in the dp4a chunk order of the module docstring, and per chunk of 32 a scale
-    and the sums of its codes 0–15 and 16–31 (``scales_and_sums``, (m, k/32, 2) float32 words: the scale, then the
-    two sums as the int16 halves of the second word, low first). Kernels take the scales' pointer (``d``) and index
-    it ``2 * chunk``. The GEMV's ``sum_g q·(code - offset)`` needs ``sum_g xq``: reading it is cheaper than a dp4a
-    chain per row."""
+    """int8 activations (m, k) in the dp4a chunk order of the module docstring and their scales (m, k/32)."""
 
     q: torch.Tensor
-    scales_and_sums: torch.Tensor
+    d: torch.Tensor
 
     @classmethod
     def empty(cls, m: int, k: int, device: torch.device) -> Q8Activation:
         return cls(torch.empty((m, k), dtype=torch.int8, device=device),
-                   torch.empty((m, k // 32, 2), dtype=torch.float32, device=device))
-
-    @property
-    def d(self) -> torch.Tensor:
-        """The chunks' scales (m, k/32), a strided view."""
-        return self.scales_and_sums[..., 0]
-
-    @property
-    def sums(self) -> torch.Tensor:
-        """The chunks' code sums over elements 0–15 and 16–31: int32 (m, k/32, 2)."""
-        words = self.scales_and_sums[..., 1].contiguous().view(torch.int32)
-        return torch.stack(((words << 16) >> 16, words >> 16), dim=-1)
+                   torch.empty((m, k // 32), dtype=torch.float32, device=device))
 
 
 @triton.jit
@@ -102,38 +86,32 @@ def round_codes(y2):
 
 @triton.jit
 def _chunk_codes(y2):
-    """int8 codes of the chunks ``y2`` ([R, 32] float32; round half away from zero) in the dp4a byte order, their
-    scales ([R]) and their code sums over elements 0–15 and 16–31 packed as int16 halves ([R] int32 bits as
-    float32, Q8Activation's layout)."""
+    """int8 codes of the chunks ``y2`` ([R, 32] float32; round half away from zero) in the dp4a byte order, and
+    their scales ([R])."""
     R: tl.constexpr = y2.shape[0]
     q, amax = round_codes(y2)
-    low, high = tl.split(tl.sum(tl.reshape(q.to(tl.int32), [R, 2, 16]), axis=2))
-    sums = ((low & 0xFFFF) | (high << 16)).to(tl.float32, bitcast=True)
     # element 8b + j of a chunk goes to byte 4j + b: a transpose in registers
-    return tl.reshape(tl.permute(tl.reshape(q, [R, 4, 8]), (0, 2, 1)), [R, 32]), amax / 127.0, sums
+    return tl.reshape(tl.permute(tl.reshape(q, [R, 4, 8]), (0, 2, 1)), [R, 32]), amax / 127.0
 
 
 @triton.jit
 def store_q8(y, start, n_valid, q_ptr, d_ptr, BLOCK: tl.constexpr):
     """Quantize ``y`` ([BLOCK] float32: elements start .. start+BLOCK-1 of a flat (m, k) array, ``start`` a
     multiple of 32, the first ``n_valid`` real) to int8 with one scale per 32 (round half away from zero)."""
-    q, d, sums = _chunk_codes(tl.reshape(y, [BLOCK // 32, 32]))
+    q, d = _chunk_codes(tl.reshape(y, [BLOCK // 32, 32]))
     i = tl.arange(0, BLOCK)
     tl.store(q_ptr + start + i, tl.reshape(q, [BLOCK]), mask=i < n_valid)  # contiguous (vector) stores
     c = tl.arange(0, BLOCK // 32)
-    chunk = 2 * (start // 32 + c)
-    tl.store(d_ptr + chunk, d, mask=c * 32 < n_valid)
-    tl.store(d_ptr + chunk + 1, sums, mask=c * 32 < n_valid)
+    tl.store(d_ptr + start // 32 + c, d, mask=c * 32 < n_valid)
 
 
 @triton.jit
 def store_q8_rows(y2, chunks, valid, q_ptr, d_ptr):
     """store_q8 of whole chunks: the rows of ``y2`` ([R, 32] float32) are chunks ``chunks`` ([R]) of the flat
     array (``valid``: the rows to store)."""
-    q, d, sums = _chunk_codes(y2)
+    q, d = _chunk_codes(y2)
     tl.store(q_ptr + chunks[:, None] * 32 + tl.arange(0, 32)[None, :], q, mask=valid[:, None])
-    tl.store(d_ptr + 2 * chunks, d, mask=valid)
-    tl.store(d_ptr + 2 * chunks + 1, sums, mask=valid)
+    tl.store(d_ptr + chunks, d, mask=valid)
 
 
 @triton.jit
@@ -202,22 +180,18 @@ def _q8_step(acc, words, hw, s0, m0, s1, m1, xq_ptr, xd_ptr, j, NU, BITS: tl.con
     kw = (c * 8 + (j % UPC) * 4)[:, None] + tl.arange(0, 4)[None, :]  # the unit's x words (4-bit: low nibbles')
     if MASKED:
         xa = tl.load(xq_ptr + kw, mask=jmask[:, None], other=0)[None, :, :]
-        dx = tl.load(xd_ptr + 2 * c, mask=jmask, other=0.0)[None, :]
+        dx = tl.load(xd_ptr + c, mask=jmask, other=0.0)[None, :]
     else:
         xa = tl.load(xq_ptr + kw)[None, :, :]
-        dx = tl.load(xd_ptr + 2 * c)[None, :]
+        dx = tl.load(xd_ptr + c)[None, :]
     ones = tl.full(xa.shape, 0x01010101, tl.int32)
     zr = tl.zeros(words.shape[:2], tl.int32)
     zx = tl.zeros(dx.shape, tl.int32)
     if BITS == 4:
         if MASKED:
             xb = tl.load(xq_ptr + kw + 4, mask=jmask[:, None], other=0)[None, :, :]
-            sums = tl.load(xd_ptr + 2 * c + 1, mask=jmask, other=0.0)[None, :].to(tl.int32, bitcast=True)
         else:
             xb = tl.load(xq_ptr + kw + 4)[None, :, :]
-            sums = tl.load(xd_ptr + 2 * c + 1)[None, :].to(tl.int32, bitcast=True)
-        sum_low = (sums << 16) >> 16  # a unit of 4-bit codes is a whole chunk: its x sums are stored (Q8Activation)
-        sum_high = sums >> 16
         lo = words & 0x0F0F0F0F
         if HB > 0:  # whole 5- or 6-bit codes per byte: the nibbles and their high bits
             HMASK: tl.constexpr = ((1 << HB) - 1) * 0x01010101
@@ -230,11 +204,11 @@ def _q8_step(acc, words, hw, s0, m0, s1, m1, xq_ptr, xd_ptr, j, NU, BITS: tl.con
         if G == 16:
             d0 = _chain(lo, xa & LO, zr, EMULATE) + (_chain(hi, xb & LO, zr, EMULATE) >> UP)
             d1 = _chain(lo, xa & HI, zr, EMULATE) + (_chain(hi, xb & HI, zr, EMULATE) >> UP)
-            x0 = sum_low
-            x1 = sum_high
+            x0 = _chain(ones, xb & LO, _chain(ones, xa & LO, zx, EMULATE), EMULATE)
+            x1 = _chain(ones, xb & HI, _chain(ones, xa & HI, zx, EMULATE), EMULATE)
         else:
             d0 = _chain(lo, xa, zr, EMULATE) + (_chain(hi, xb, zr, EMULATE) >> UP)
-            x0 = sum_low + sum_high
+            x0 = _chain(ones, xb, _chain(ones, xa, zx, EMULATE), EMULATE)
     else:
         if G == 16:
             d0 = _chain(words, xa & LO, zr, EMULATE)
@@ -270,7 +244,7 @@ def _gemv_q8_kernel(xq_ptr, xd_ptr, q_ptr, qh_ptr, d_ptr, sc_ptr, dmin_ptr, mn_p
     m, rows, rmask, jj, NU, NG, NSB = _gemv_program(M, N, K, N2, ROW0, HD, HALF, UPC, G, SB, ROPE, NEOX, BN, BJ,
                                                     PDL, TILE_MAJOR)
     xq_row = xq_ptr + m * (K // 4)
-    xd_row = xd_ptr + m * (K // 16)  # a scale and a sums word per chunk
+    xd_row = xd_ptr + m * (K // 32)
     qrow = q_ptr + rows[:, None, None] * QW
     words, hw, s0, m0, s1, m1 = _gemv_tile(qrow, qh_ptr, QHW, d_ptr, sc_ptr, dmin_ptr, mn_ptr, rows, rmask, jj, NU,
                                            NG, NSB, UPC, HB, G, SB, HAS_SC, HAS_MIN, HAS_MN, MASKED)
