@@ -48,7 +48,7 @@ def test_table_header_names_the_device_and_threads(report):
 
 def test_spread_brackets_the_median(report):
     r, _ = report
-    for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms", "cold_start_s"):
+    for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms", "cold_start_s", "bandwidth_gb_s"):
         s = r[f"{key}_spread"]
         assert s["min"] <= s["median"] == r[key] <= s["max"]
 

@@ -13,6 +13,12 @@ def _fmt_spread(report: dict[str, Any], key: str, unit: str = "", digits: int = 
     return f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
 
+def _bandwidth(report: dict[str, Any]) -> str:
+    """The read bandwidth's median, with its range where it was sampled more than once and moved."""
+    s = report.get("bandwidth_gb_s_spread")
+    return _fmt_spread(report, "bandwidth_gb_s") if s and s["min"] < s["max"] else f"{report['bandwidth_gb_s']:.1f}"
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The human-readable summary: one column per engine, ratios last."""
     engines = [("quanta", report)]
@@ -42,7 +48,7 @@ def format_table(report: dict[str, Any]) -> str:
     head = (f"model {report['model']} · {where} · "
             f"p={report['prompt_tokens']} n={report['decode_tokens']} · {report['repeats']} repeats · median (min–max)\n"
             f"bytes read per token {report['bytes_per_token'] / 1e6:.1f} MB · "
-            f"measured read bandwidth {report['bandwidth_gb_s']:.1f} GB/s · "
+            f"measured read bandwidth {_bandwidth(report)} GB/s · "
             f"roofline {report['bandwidth_gb_s'] * 1e9 / report['bytes_per_token']:.0f} tok/s")
     width = max(len(r[0]) for r in rows) + 2
     cols = [max(24, len(name) + 2) for name, _ in engines]

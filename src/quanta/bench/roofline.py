@@ -8,6 +8,8 @@ KV cache read by attention at a given depth.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -32,25 +34,44 @@ def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, depth: int
     return round(2 * n_layers * n_kv_heads * head_dim * depth * itemsize)
 
 
+class CPUReadProbe:
+    """The read bandwidth of a parallel sum over one ``size_mb`` MB array (numba, ``threads``), sampled on demand:
+    on a shared machine it moves within minutes, so a bench samples it beside each measured run."""
+
+    def __init__(self, threads: int, size_mb: int = 512):
+        from quanta.bench._probe import parallel_sum
+
+        self.threads = threads
+        self.array = np.random.default_rng(0).random(size_mb * (1 << 20) // 4, dtype=np.float32)
+        self._sum = parallel_sum
+        with self._threads():
+            parallel_sum(self.array[:1024])  # compiled (or loaded) before any timing
+
+    def sample(self, repeats: int = 5) -> float:
+        """Best-of-``repeats`` read bandwidth in bytes/s."""
+        best = float("inf")
+        with self._threads():
+            for _ in range(repeats):
+                t = time.perf_counter()
+                self._sum(self.array)
+                best = min(best, time.perf_counter() - t)
+        return self.array.nbytes / best
+
+    @contextmanager
+    def _threads(self) -> Iterator[None]:
+        import numba
+
+        previous = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(self.threads, numba.config.NUMBA_NUM_THREADS)))
+        try:
+            yield
+        finally:
+            numba.set_num_threads(previous)
+
+
 def cpu_read_bandwidth(threads: int, size_mb: int = 512, repeats: int = 5) -> float:
     """Best-of-``repeats`` read bandwidth in bytes/s of a parallel sum over ``size_mb`` MB (numba, ``threads``)."""
-    import numba
-
-    from quanta.bench._probe import parallel_sum
-
-    previous = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    try:
-        a = np.random.default_rng(0).random(size_mb * (1 << 20) // 4, dtype=np.float32)
-        parallel_sum(a[:1024])
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            parallel_sum(a)
-            best = min(best, time.perf_counter() - t)
-        return a.nbytes / best
-    finally:
-        numba.set_num_threads(previous)
+    return CPUReadProbe(threads, size_mb).sample(repeats)
 
 
 def cuda_read_bandwidth(size_gb: float = 4.0, repeats: int = 10) -> float:

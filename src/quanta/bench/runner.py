@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,7 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
     if n_ctx > shape["n_ctx_train"]:
         raise ValueError(f"the prompt (-p / --depth) and the decoded tokens (-n) need a context of {n_ctx:,} tokens, "
                          f"more than the {shape['n_ctx_train']:,} the model was trained for")
-    bandwidth = _bandwidth(cfg)
+    read_bandwidth = _bandwidth_probe(cfg)
     if cfg.vs:
         require_llama_cpp()  # before quanta loads: a missing peer is the first thing said
     engines: dict[str, Any] = {"quanta": QuantaEngine(str(cfg.model), device=cfg.device, threads=cfg.threads,
@@ -199,7 +200,9 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
         for name, engine in engines.items():  # warm-up: compile, page in the weights; twice, because the GPU
             for _ in range(2):  # captures a prompt length's graph at its second use
                 engine.run(prompt, 4)
+        samples = []
         for _ in range(cfg.repeats):
+            samples.append(read_bandwidth())
             for name, engine in engines.items():
                 runs[name].append(engine.run(prompt, cfg.decode_tokens))
                 bar.update()
@@ -207,9 +210,12 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
                     deep[name].append(engine.run(deep_prompt, cfg.decode_tokens))
                     bar.update()
     kv_itemsize = engines["quanta"].kv_bytes_per_value()
+    bandwidth_gb_s = _spread([b / 1e9 for b in samples])
+    bandwidth = bandwidth_gb_s["median"] * 1e9
     report = {"model": str(cfg.model), "device": cfg.device, "threads": cfg.threads, "kv_type": cfg.kv_type,
               "prompt_tokens": cfg.prompt_tokens, "decode_tokens": cfg.decode_tokens, "depth": cfg.depth,
-              "repeats": cfg.repeats, "bandwidth_gb_s": bandwidth / 1e9, "file_bytes": shape["file_bytes"],
+              "repeats": cfg.repeats, "bandwidth_gb_s": bandwidth_gb_s["median"],
+              "bandwidth_gb_s_spread": bandwidth_gb_s, "file_bytes": shape["file_bytes"],
               **_summarise(runs["quanta"], deep["quanta"], shape, cfg, bandwidth, kv_itemsize)}
     if cfg.device == "cuda":
         import torch
@@ -234,12 +240,15 @@ def _run_bench(cfg: BenchConfig, *, progress: bool) -> dict[str, Any]:
     return report
 
 
-def _bandwidth(cfg: BenchConfig) -> float:
+def _bandwidth_probe(cfg: BenchConfig) -> Callable[[], float]:
+    """What samples the read bandwidth (bytes/s) before each repeat: on the CPU a fresh best-of-5 each time (a
+    shared machine's moves by tens of percent within minutes), on a GPU the one measurement taken now."""
     from quanta.bench import roofline
 
     if cfg.device == "cuda":
-        return roofline.cuda_read_bandwidth()
-    return roofline.cpu_read_bandwidth(cfg.threads)
+        measured = roofline.cuda_read_bandwidth()
+        return lambda: measured
+    return roofline.CPUReadProbe(cfg.threads).sample
 
 
 def _breakdown(engine: QuantaEngine, prompt: list[int], cfg: BenchConfig) -> dict[str, dict[str, float]]:
