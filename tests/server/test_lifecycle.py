@@ -45,7 +45,9 @@ def test_health_is_503_while_loading_then_200(smollm2_path, server_log_dir):
 
 
 def test_sigterm_finishes_short_streams_ends_long_ones_and_exits_0(smollm2_path, server_log_dir):
-    with start_server(smollm2_path, server_log_dir, "--n-ctx", "1200", "--shutdown-grace", "8") as server:
+    # the long stream must outlast the grace period on any machine: 4,000 tokens in 2 s would be 2,000 tok/s (a fast
+    # CPU decodes SmolLM2 at ~150; with a grace of 8 s and 1,100 tokens, a Zen 5 VM finished the stream in time)
+    with start_server(smollm2_path, server_log_dir, "--n-ctx", "4200", "--shutdown-grace", "2") as server:
         results: dict[str, list[str]] = {}
         started = threading.Barrier(3)
 
@@ -59,7 +61,7 @@ def test_sigterm_finishes_short_streams_ends_long_ones_and_exits_0(smollm2_path,
                 results[name] = got + list(events)
 
         threads = [threading.Thread(target=stream, args=("short", 6)),
-                   threading.Thread(target=stream, args=("long", 1100))]
+                   threading.Thread(target=stream, args=("long", 4000))]
         for t in threads:
             t.start()
         started.wait()
