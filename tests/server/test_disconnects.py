@@ -52,11 +52,11 @@ def test_disconnect_during_prefill_aborts_before_the_first_token(server):
 
 def test_disconnect_of_a_non_streamed_request_aborts(server):
     before = server.wait_idle()
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/chat/completions", json=LONG, timeout=httpx.Timeout(120, read=2.0))
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 1 s: 70-350 tokens, by the CPU's speed
+        httpx.post(f"{server.url}/v1/chat/completions", json=LONG, timeout=httpx.Timeout(120, read=1.0))
     after = server.wait_idle(timeout=30)
     assert aborted(after) == aborted(before) + 1
-    assert after["quanta_generation_tokens_total"] - before["quanta_generation_tokens_total"] < 300
+    assert after["quanta_generation_tokens_total"] - before["quanta_generation_tokens_total"] < 600  # of 900
 
 
 def test_disconnect_of_n_choices_aborts_them_all(server):
