@@ -52,7 +52,7 @@ def test_disconnect_during_prefill_aborts_before_the_first_token(server):
 
 def test_disconnect_of_a_non_streamed_request_aborts(server):
     before = server.wait_idle()
-    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 1 s: 70-350 tokens, by the CPU's speed
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 1 s: ~70-175 tokens on the CPUs measured
         httpx.post(f"{server.url}/v1/chat/completions", json=LONG, timeout=httpx.Timeout(120, read=1.0))
     after = server.wait_idle(timeout=30)
     assert aborted(after) == aborted(before) + 1
