@@ -13,7 +13,7 @@ import pytest
 from quanta.bench.engines import LlamaCppEngine
 from quanta.bench.profile import kernel_totals, op_timers
 from quanta.bench.report import format_table
-from quanta.bench.roofline import cpu_read_bandwidth, kv_bytes_per_token
+from quanta.bench.roofline import CPUReadProbe, kv_bytes_per_token
 from quanta.cli.main import main
 from quanta.errors import QuantaError
 
@@ -80,7 +80,7 @@ def test_plot_is_a_png(report):
 
 
 def test_bandwidth_probe_is_plausible():
-    bw = cpu_read_bandwidth(1, size_mb=64, repeats=2)
+    bw = CPUReadProbe(1, size_mb=64).sample(repeats=2)
     assert 1e9 < bw < 1e12
 
 

@@ -69,11 +69,6 @@ class CPUReadProbe:
             numba.set_num_threads(previous)
 
 
-def cpu_read_bandwidth(threads: int, size_mb: int = 512, repeats: int = 5) -> float:
-    """Best-of-``repeats`` read bandwidth in bytes/s of a parallel sum over ``size_mb`` MB (numba, ``threads``)."""
-    return CPUReadProbe(threads, size_mb).sample(repeats)
-
-
 def cuda_read_bandwidth(size_gb: float = 4.0, repeats: int = 10) -> float:
     """Median read bandwidth in bytes/s of ``x.sum()`` over ``size_gb`` GB of random fp32 on the GPU."""
     import torch
